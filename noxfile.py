@@ -1,0 +1,129 @@
+"""Sessions: `nox` runs everything CI runs; `nox -s docs` builds the handbook.
+
+Each session installs what it needs into its own virtual environment from pyproject.toml's
+dependency groups, so a fresh machine needs only Python and nox.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "build", "measure", "browser"]
+
+ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+TORCH = "torch==2.13.0"  # pinned: an unpinned torch pulls a multi-GB CUDA build
+MEASURE_DEPS = [TORCH, "transformers>=5,<6", "peft>=0.17", "accelerate>=1.0"]
+DOCS_OUT = ROOT / "docs" / "_build"
+
+
+def _group(name: str) -> list[str]:
+    return list(nox.project.dependency_groups(PYPROJECT, name))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    session.install(*_group("lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the package."""
+    session.install(*_group("lint"), "-e", ".")
+    session.run("mypy")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """pytest over tests/ and the package's doctests (measurement tests live in `measure`)."""
+    session.install(*_group("test"), "-e", ".")
+    session.run("pytest", "-m", "not measure and not gpu", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the handbook (HTML, strict) and run every doctest in it."""
+    session.install(*_group("docs"), "-e", ".")
+    session.run("python", "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3")
+    force = os.environ.get("CI") == "true" or "--force" in session.posargs
+    env = {"VRAMMATH_FORCE_EXECUTE": "1"} if force else {}
+    args = ["-n", "-W", "--keep-going", "-j", "1"]
+    session.run("sphinx-build", "-b", "html", *args, "docs", str(DOCS_OUT / "html"), env=env)
+    session.run("sphinx-build", "-b", "doctest", *args, "docs", str(DOCS_OUT / "doctest"), env=env)
+    session.log(f"handbook: {DOCS_OUT / 'html' / 'index.html'}")
+
+
+@nox.session
+def serve(session: nox.Session) -> None:
+    """Live preview of the handbook at http://127.0.0.1:8000 (rebuilds on change)."""
+    session.install(*_group("docs"), "sphinx-autobuild", "-e", ".")
+    session.run(
+        "sphinx-autobuild",
+        "docs",
+        str(DOCS_OUT / "serve"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--watch",
+        "vrammath",
+        "--watch",
+        "conf",
+    )
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the wheel, install it in a fresh venv outside the repo, and load a preset from it."""
+    session.install("build")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(dist))
+    wheels = sorted(dist.glob("vrammath-*.whl"))
+    if len(wheels) != 1:
+        session.error(f"expected one wheel in {dist}, found {wheels}")
+    tmp = Path(session.create_tmp()).resolve() / "smoke"
+    shutil.rmtree(tmp, ignore_errors=True)
+    session.run(sys.executable, "-m", "venv", str(tmp), external=True)
+    py = str(tmp / "bin" / "python")
+    session.run(py, "-m", "pip", "install", "-q", str(wheels[0]), external=True)
+    session.run(
+        py,
+        str(ROOT / "tools" / "wheel_smoke.py"),
+        external=True,
+        env={"PYTHONPATH": ""},
+    )
+
+
+@nox.session
+def measure(session: nox.Session) -> None:
+    """Measure real models with PyTorch's memory tracker and compare with vrammath (validation)."""
+    session.install(*MEASURE_DEPS, *_group("test"), "-e", ".")
+    session.run("pytest", "-m", "measure or gpu", "tests/measure", *session.posargs)
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """Open the built handbook in headless Chromium and check math, figures, search, console."""
+    session.install("selenium>=4.20")
+    if not (DOCS_OUT / "html" / "index.html").is_file():
+        session.error("build the handbook first: nox -s docs")
+    session.run("python", "tools/browser_check.py", str(DOCS_OUT / "html"))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Speed benchmarks (sweeps vs sympy subs, import and CLI cold start); ratios in one run."""
+    session.install(*_group("bench"), "-e", ".")
+    session.run("pytest", "benchmarks", "--benchmark-only", "-p", "no:cacheprovider", *session.posargs)

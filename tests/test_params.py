@@ -1,0 +1,102 @@
+"""Exact parameter counts of real models, and the symbolic formula against REFERENCES.md's."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vrammath.model import from_hf_config
+from vrammath.params import (
+    layer_param_count,
+    param_count,
+    param_counts,
+    param_total_expr,
+    size_values,
+)
+from vrammath.presets import load_model
+from vrammath.symbols import I, L, V, a, a_kv, d, h
+
+# Totals published by the model authors / Hugging Face model cards.
+KNOWN = {
+    "llama-7b": 6_738_415_616,
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-70b": 68_976_648_192,
+    "qwen2-72b": 72_706_203_648,
+    "qwen2-7b": 7_615_616_512,
+    "mistral-7b": 7_241_732_096,
+    "gpt2": 124_439_808,
+}
+
+
+@pytest.mark.parametrize(("name", "total"), KNOWN.items())
+def test_exact_totals(name: str, total: int) -> None:
+    assert param_count(load_model(name)) == total
+
+
+def test_components_sum_and_values() -> None:
+    parts = param_counts(load_model("llama-7b"))
+    assert parts["embedding"] == parts["head"] == 32000 * 4096
+    assert parts["norms"] == 4096 * (2 * 32 + 1)
+    assert parts["positions"] == 0
+    assert sum(parts.values()) == KNOWN["llama-7b"]
+
+
+def test_llama_formula_matches_references() -> None:
+    """REFERENCES.md: V h (2 if untied) + L [h a d + 2 h a_kv d + a d h + 3 h I + 2h] + h."""
+    spec = load_model("llama-2-70b")
+    published = V * h * 2 + L * (h * a * d + 2 * h * a_kv * d + a * d * h + 3 * h * I + 2 * h) + h
+    assert sympy.simplify(param_total_expr(spec) - published) == 0
+
+
+def test_qwen2_bias_term() -> None:
+    spec = load_model("qwen2-72b")
+    no_bias = V * h * 2 + L * (h * a * d + 2 * h * a_kv * d + a * d * h + 3 * h * I + 2 * h) + h
+    assert sympy.expand(param_total_expr(spec) - no_bias) == sympy.expand(
+        L * (a * d + 2 * a_kv * d)
+    )
+
+
+def test_gpt_formula_is_12Lh2() -> None:
+    spec = load_model("gpt-175b")
+    hh, ll = spec.hidden, spec.layers
+    expected = 12 * ll * hh**2 + 13 * ll * hh + (spec.vocab + spec.max_positions) * hh + 2 * hh
+    assert param_count(spec) == expected
+
+
+def test_layer_count_llama7b() -> None:
+    assert (
+        layer_param_count(load_model("llama-7b")) == 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    )
+
+
+@given(
+    hidden_heads=st.sampled_from([(64, 4), (96, 6), (128, 8), (80, 10)]),
+    kv_div=st.sampled_from([1, 2]),
+    inter=st.integers(1, 500),
+    layers=st.integers(1, 6),
+    vocab=st.integers(1, 1000),
+    tied=st.booleans(),
+)
+def test_count_is_sum_of_tensor_numels(
+    hidden_heads: tuple[int, int], kv_div: int, inter: int, layers: int, vocab: int, tied: bool
+) -> None:
+    hidden, heads = hidden_heads
+    spec = from_hf_config(
+        {
+            "model_type": "llama",
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads // kv_div,
+            "vocab_size": vocab,
+            "tie_word_embeddings": tied,
+        }
+    )
+    dh = hidden // heads
+    per_layer = hidden * heads * dh * 2 + 2 * hidden * (heads // kv_div) * dh + 3 * hidden * inter
+    expected = vocab * hidden * (1 if tied else 2) + layers * (per_layer + 2 * hidden) + hidden
+    assert param_count(spec) == expected
+    assert size_values(spec)[d] == dh

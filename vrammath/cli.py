@@ -1,0 +1,241 @@
+"""The ``vrammath`` command: estimate, formula, models, gpus.
+
+Bad input prints one line naming the field and what is allowed, and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+import sympy
+
+from vrammath.errors import InputError
+from vrammath.estimate import ATTENTION, RECOMPUTE, Setup, estimate
+from vrammath.parallel import (
+    FSDP_STRATEGIES,
+    zero_communication_elements,
+    zero_paper_bytes,
+    zero_stage,
+)
+from vrammath.params import param_count, param_exprs, param_total_expr
+from vrammath.presets import load_gpus, load_model, model_names, resolve_model
+from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES, model_state_exprs
+from vrammath.units import fmt_gb, fmt_gib
+
+FORMULAS = ("params", "states", "zero", "communication")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"vrammath: error: {message}\n")
+
+
+def _positive(field: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{field}: must be a positive integer (got {text!r})"
+            ) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{field}: must be a positive integer (got {text!r})")
+        return value
+
+    return parse
+
+
+def _zero(text: str) -> int:
+    try:
+        return zero_stage(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _choices(field: str, allowed: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(
+                f"{field}: must be one of {', '.join(allowed)} (got {text!r})"
+            )
+        return text
+
+    return parse
+
+
+def _add_setup_options(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("model", help="preset name (see `vrammath models`) or path to a config.json")
+    cmd.add_argument(
+        "--recipe",
+        type=_choices("recipe", list(RECIPES)),
+        default="bf16-mixed",
+        help="precision recipe: " + ", ".join(RECIPES) + " (default bf16-mixed)",
+    )
+    cmd.add_argument(
+        "--optimizer",
+        type=_choices("optimizer", OPTIMIZERS),
+        default="adamw",
+        help="optimizer: " + ", ".join(OPTIMIZERS) + " (default adamw)",
+    )
+    cmd.add_argument(
+        "--impl",
+        type=_choices("impl", IMPLEMENTATIONS),
+        default="foreach",
+        help="optimizer implementation: " + ", ".join(IMPLEMENTATIONS),
+    )
+    cmd.add_argument(
+        "--zero",
+        type=_zero,
+        default=0,
+        help="ZeRO stage 0-3 or FSDP strategy " + ", ".join(FSDP_STRATEGIES),
+    )
+    cmd.add_argument(
+        "--gpus",
+        type=_positive("gpus"),
+        default=1,
+        help="data-parallel GPUs the states are sharded over (default 1)",
+    )
+    cmd.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="keep master weights and optimizer states in CPU memory",
+    )
+    cmd.add_argument(
+        "--offload-params",
+        action="store_true",
+        help="keep the weight shards in CPU memory too (ZeRO-3)",
+    )
+    cmd.add_argument("--batch", "-b", type=_positive("batch"), default=1, help="micro-batch size")
+    cmd.add_argument("--seq", "-s", type=_positive("seq"), default=2048, help="sequence length")
+    cmd.add_argument("--tp", type=_positive("tp"), default=1, help="tensor-parallel size")
+    cmd.add_argument("--pp", type=_positive("pp"), default=1, help="pipeline-parallel size")
+    cmd.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
+    cmd.add_argument(
+        "--attention",
+        type=_choices("attention", ATTENTION),
+        default="sdpa",
+        help="attention implementation: " + ", ".join(ATTENTION),
+    )
+    cmd.add_argument(
+        "--recompute",
+        type=_choices("recompute", RECOMPUTE),
+        default="none",
+        help="activation recomputation: " + ", ".join(RECOMPUTE),
+    )
+    cmd.add_argument("--gpu", default=None, help="GPU preset to check the fit against")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for the docs and tests)."""
+    parser = _Parser(prog="vrammath", description="GPU memory of LLM training, derived.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    est = sub.add_parser("estimate", help="breakdown of per-GPU memory for a training setup")
+    _add_setup_options(est)
+    est.add_argument("--json", action="store_true", help="machine-readable output")
+
+    form = sub.add_parser("formula", help="print a symbolic expression")
+    form.add_argument("term", type=_choices("term", FORMULAS), help=", ".join(FORMULAS))
+    form.add_argument(
+        "--model", default="llama-7b", help="model whose structure shapes the formula"
+    )
+    form.add_argument("--stage", type=_zero, default=0, help="ZeRO stage for zero/communication")
+    form.add_argument("--recipe", type=_choices("recipe", list(RECIPES)), default="bf16-mixed")
+    form.add_argument("--optimizer", type=_choices("optimizer", OPTIMIZERS), default="adamw")
+    form.add_argument("--latex", action="store_true", help="LaTeX instead of plain text")
+
+    sub.add_parser("models", help="list model presets")
+    sub.add_parser("gpus", help="list GPU presets")
+    return parser
+
+
+def _cmd_estimate(args: argparse.Namespace) -> str:
+    setup = Setup(
+        resolve_model(args.model),
+        recipe=args.recipe,
+        optimizer=args.optimizer,
+        implementation=args.impl,
+        zero=args.zero,
+        gpus=args.gpus,
+        offload_optimizer=args.offload_optimizer,
+        offload_params=args.offload_params,
+        micro_batch=args.batch,
+        seq_len=args.seq,
+        tp=args.tp,
+        pp=args.pp,
+        sp=args.sp,
+        attention=args.attention,
+        recompute=args.recompute,
+        gpu=args.gpu,
+    )
+    est = estimate(setup)
+    if args.json:
+        return json.dumps(est.as_dict(), indent=2, sort_keys=True)
+    head = (
+        f"{setup.model.name}: {param_count(setup.model):,} parameters; {setup.recipe}, "
+        f"{setup.optimizer} ({setup.implementation}), ZeRO-{setup.zero} over {setup.gpus} GPU(s), "
+        f"micro-batch {setup.micro_batch} x {setup.seq_len} tokens"
+    )
+    return head + "\n" + est.table()
+
+
+def _cmd_formula(args: argparse.Namespace) -> str:
+    exprs: dict[str, sympy.Expr]
+    if args.term == "params":
+        spec = resolve_model(args.model)
+        exprs = {**param_exprs(spec), "total": param_total_expr(spec)}
+    elif args.term == "states":
+        spec = resolve_model(args.model)
+        exprs = model_state_exprs(spec, args.recipe, args.optimizer)
+    elif args.term == "zero":
+        exprs = {f"zero-{args.stage} bytes per GPU": zero_paper_bytes(args.stage)}
+    else:
+        exprs = {
+            f"zero-{args.stage} elements communicated": zero_communication_elements(args.stage)
+        }
+    render = sympy.latex if args.latex else str
+    return "\n".join(f"{name}: {render(expr)}" for name, expr in exprs.items())
+
+
+def _cmd_models() -> str:
+    lines = []
+    for name in model_names():
+        spec = load_model(name)
+        lines.append(
+            f"{name:14} {spec.model_type:8} {param_count(spec):>17,} params  h={spec.hidden} "
+            f"L={spec.layers} heads={spec.heads}/{spec.kv_heads} vocab={spec.vocab}"
+        )
+    return "\n".join(lines)
+
+
+def _cmd_gpus() -> str:
+    return "\n".join(
+        f"{g.name:16} {fmt_gb(g.bytes):>10} / {fmt_gib(g.bytes):>11}  {g.label}"
+        for g in load_gpus().values()
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 2 bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "estimate":
+            out = _cmd_estimate(args)
+        elif args.command == "formula":
+            out = _cmd_formula(args)
+        elif args.command == "models":
+            out = _cmd_models()
+        else:
+            out = _cmd_gpus()
+    except InputError as exc:
+        print(f"vrammath: error: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,173 @@
+"""Sharding and parallelism: ZeRO stages 0-3 (and FSDP's names for them), CPU offload, and the
+bytes-per-parameter conventions of the estimators people use.
+
+ZeRO partitions the model states over ``N_d`` data-parallel ranks: stage 1 the optimizer states
+(master weights included), stage 2 also the gradients, stage 3 also the weights. FSDP's
+``NO_SHARD``, ``SHARD_GRAD_OP`` and ``FULL_SHARD`` are stages 0, 2 and 3.
+
+Examples
+========
+
+>>> from vrammath.symbols import P, N_d, K
+>>> zero_paper_bytes(2)
+2*P + P*(K + 2)/N_d
+>>> [round(float(zero_paper_bytes(k).subs({P: 7.5e9, N_d: 64, K: 12})) / 1e9, 2) for k in (1, 2, 3)]
+[31.41, 16.64, 1.88]
+
+References
+==========
+
+.. [1] Rajbhandari et al. 2020, "ZeRO", arXiv:1910.02054, section 5 and Table 1.
+.. [2] Ren et al. 2021, "ZeRO-Offload", arXiv:2101.06840.
+.. [3] Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from vrammath.errors import InputError
+from vrammath.symbols import K, N_d, P
+
+STAGES = (0, 1, 2, 3)
+FSDP_STRATEGIES = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3}
+CONVENTIONS = ("paper", "deepspeed", "megatron", "megatron-distopt")
+
+
+def zero_stage(value: int | str) -> int:
+    """A ZeRO stage from ``0``-``3`` or an FSDP sharding-strategy name.
+
+    >>> zero_stage("FULL_SHARD"), zero_stage("2")
+    (3, 2)
+    """
+    if isinstance(value, bool):
+        raise InputError("zero", "must be 0, 1, 2, 3 or " + ", ".join(FSDP_STRATEGIES), got=value)
+    if isinstance(value, int) and value in STAGES:
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text in {"0", "1", "2", "3"}:
+            return int(text)
+        if text.upper() in FSDP_STRATEGIES:
+            return FSDP_STRATEGIES[text.upper()]
+    raise InputError("zero", "must be 0, 1, 2, 3 or " + ", ".join(FSDP_STRATEGIES), got=value)
+
+
+def zero_paper_bytes(stage: int) -> sympy.Expr:
+    """Per-device model-state bytes exactly as ZeRO's section 5 writes them (2 + 2 + K bytes).
+
+    Stage 0 (plain data parallelism) ``(2 + 2 + K) P``; P_os ``4P + KP/N_d``;
+    P_os+g ``2P + (2 + K)P/N_d``; P_os+g+p ``(4 + K)P/N_d``. ``K = 12`` for mixed-precision Adam.
+    """
+    stage = zero_stage(stage)
+    return {
+        0: (2 + 2 + K) * P,
+        1: 4 * P + K * P / N_d,
+        2: 2 * P + (2 + K) * P / N_d,
+        3: (4 + K) * P / N_d,
+    }[stage]
+
+
+def zero_communication_elements(stage: int) -> sympy.Expr:
+    """Elements each rank sends and receives per step: 2P (all-reduce = reduce-scatter +
+    all-gather) for stages 0-2, 3P for stage 3 (parameters gathered in forward and backward)."""
+    return 3 * P if zero_stage(stage) == 3 else 2 * P
+
+
+def shard_model_states(
+    states: dict[str, sympy.Expr],
+    stage: int,
+    *,
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
+    fp32_grad_bytes_per_param: int = 4,
+) -> tuple[dict[str, sympy.Expr], dict[str, sympy.Expr]]:
+    """Split whole-model states (keys weights, gradients, master, optimizer) into per-rank GPU and
+    CPU bytes for a ZeRO stage, with optional offload (ZeRO-Offload / ZeRO-Infinity to CPU).
+
+    Offloading the optimizer moves the master weights and optimizer states to CPU memory, where
+    the CPU Adam also keeps an fp32 copy of its gradient partition; at stage 2 and 3 the GPU then
+    keeps no persistent gradients (they stream to the CPU bucket by bucket). Offloading the
+    parameters (stage 3 only) also moves each rank's weight shard to the CPU.
+
+    >>> from vrammath.symbols import P, N_d
+    >>> gpu, cpu = shard_model_states({"weights": 2*P, "gradients": 2*P, "master": 4*P,
+    ...     "optimizer": 8*P}, 2, offload_optimizer=True)
+    >>> gpu, cpu
+    ({'weights': 2*P, 'gradients': 0, 'master': 0, 'optimizer': 0}, {'master': 4*P/N_d, 'optimizer': 8*P/N_d, 'gradients': 4*P/N_d})
+    """
+    stage = zero_stage(stage)
+    if offload_params and stage != 3:
+        raise InputError("offload_params", "needs ZeRO stage 3 (FULL_SHARD)", got=stage)
+    if offload_optimizer and stage == 0:
+        raise InputError("offload_optimizer", "needs ZeRO stage 1, 2 or 3", got=stage)
+    zero = sympy.Integer(0)
+
+    def part(expr: sympy.Expr, sharded: bool) -> sympy.Expr:
+        return expr / N_d if sharded else expr
+
+    gpu = {
+        "weights": part(states["weights"], stage >= 3),
+        "gradients": part(states["gradients"], stage >= 2),
+        "master": part(states["master"], stage >= 1),
+        "optimizer": part(states["optimizer"], stage >= 1),
+    }
+    cpu: dict[str, sympy.Expr] = {}
+    if offload_optimizer:
+        cpu["master"] = gpu["master"]
+        cpu["optimizer"] = gpu["optimizer"]
+        cpu["gradients"] = fp32_grad_bytes_per_param * P / N_d
+        gpu["master"] = zero
+        gpu["optimizer"] = zero
+        if stage >= 2:
+            gpu["gradients"] = zero
+    if offload_params:
+        cpu["weights"] = gpu["weights"]
+        gpu["weights"] = zero
+    return gpu, cpu
+
+
+def convention_bytes(
+    convention: str, stage: int = 0, largest_layer: sympy.Expr | None = None
+) -> sympy.Expr:
+    """Per-GPU model-state bytes under another tool's published convention (Adam, 16-bit).
+
+    * ``paper``: ZeRO's 2 + 2 + 12 (see :func:`zero_paper_bytes`).
+    * ``deepspeed``: DeepSpeed's estimators count 18 bytes/parameter of sharded state -- fp16
+      gradient 2 + fp32 gradient 4 + fp32 master 4 + Adam 8 -- on top of the fp16 weights: ZeRO-2
+      ``2P + 18P/N_d``; ZeRO-3 ``4 * largest_layer + 18P/N_d`` (the gathered largest layer).
+    * ``megatron``: Megatron-LM's ``theoretical_memory_usage``: 18 bytes/parameter (bf16 weight
+      2, fp32 main_grad 4, fp32 master 4, Adam 8), not sharded.
+    * ``megatron-distopt``: with the distributed optimizer, ``6 + 12/N_d``.
+
+    >>> convention_bytes("megatron-distopt")
+    6*P + 12*P/N_d
+    """
+    if convention == "paper":
+        return zero_paper_bytes(stage).subs(K, 12)
+    if convention == "deepspeed":
+        stage = zero_stage(stage)
+        if stage == 3:
+            if largest_layer is None:
+                raise InputError("largest_layer", "is required for DeepSpeed's ZeRO-3 estimate")
+            return 4 * largest_layer + 18 * P / N_d
+        if stage == 2:
+            return 2 * P + 18 * P / N_d
+        raise InputError("zero", "DeepSpeed's estimators cover stages 2 and 3", got=stage)
+    if convention == "megatron":
+        return 18 * P
+    if convention == "megatron-distopt":
+        return 6 * P + 12 * P / N_d
+    raise InputError("convention", "must be one of " + ", ".join(CONVENTIONS), got=convention)
+
+
+__all__ = [
+    "CONVENTIONS",
+    "FSDP_STRATEGIES",
+    "STAGES",
+    "convention_bytes",
+    "shard_model_states",
+    "zero_communication_elements",
+    "zero_paper_bytes",
+    "zero_stage",
+]

@@ -1,0 +1,199 @@
+"""Exact parameter counts, symbolic and numeric, per component and per tensor.
+
+A LLaMA-style decoder (:class:`~vrammath.model.ModelSpec` family ``llama``) holds
+
+.. math::
+
+    V h (1 \\text{ if tied else } 2) + L\\,[h a d + 2 h a_{kv} d + a d h + 3 h I + 2h
+    + \\text{biases}] + h
+
+and a GPT-2-style one adds learned positions ``n_pos * h``, LayerNorm biases and MLP biases.
+``d`` is the head dimension, which is *not* always ``h / a``.
+
+Examples
+========
+
+>>> from vrammath.presets import load_model
+>>> param_count(load_model("llama-7b"))
+6738415616
+>>> param_exprs(load_model("llama-7b"))["attention"]
+2*L*d*h*(a + a_kv)
+>>> param_count(load_model("qwen2-72b"))
+72706203648
+
+References
+==========
+
+.. [1] Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models", arXiv:2302.13971.
+.. [2] Yang et al. 2024, "Qwen2 Technical Report", arXiv:2407.10671.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from vrammath.model import ModelSpec
+from vrammath.symbols import I, L, V, a, a_kv, d, h, n_pos
+
+COMPONENTS = ("embedding", "positions", "attention", "mlp", "norms", "head")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor kind: its name, shape (symbolic) and how many the model holds."""
+
+    name: str
+    shape: tuple[sympy.Expr, ...]
+    count: sympy.Expr
+    component: str
+
+    @property
+    def numel(self) -> sympy.Expr:
+        """Elements of one such tensor."""
+        return sympy.Mul(*self.shape)
+
+
+def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
+    """The numbers the model symbols stand for in ``spec``.
+
+    >>> from vrammath.presets import load_model
+    >>> size_values(load_model("llama-7b"))[d]
+    128
+    """
+    return {
+        h: spec.hidden,
+        I: spec.intermediate,
+        L: spec.layers,
+        a: spec.heads,
+        a_kv: spec.kv_heads,
+        d: spec.head_dim,
+        V: spec.vocab,
+        n_pos: spec.max_positions,
+    }
+
+
+def tensors(spec: ModelSpec) -> list[Tensor]:
+    """Every parameter tensor of the model, as (name, symbolic shape, multiplicity, component).
+
+    Shapes follow PyTorch's ``nn.Linear`` convention (out, in); shape matters to Adafactor's
+    factored states and to 8-bit optimizers, which keep small tensors in 32 bits.
+    """
+    one = sympy.Integer(1)
+    out: list[Tensor] = [Tensor("embed_tokens", (V, h), one, "embedding")]
+    if spec.learned_positions:
+        out.append(Tensor("embed_positions", (n_pos, h), one, "positions"))
+    if spec.family == "gpt":
+        # GPT-2 keeps q, k, v in one Conv1D (in, out) = (h, 3h) and every linear layer has a bias.
+        out += [
+            Tensor("attn.c_attn.weight", (h, 3 * h), L, "attention"),
+            Tensor("attn.c_attn.bias", (3 * h,), L, "attention"),
+            Tensor("attn.c_proj.weight", (h, h), L, "attention"),
+            Tensor("attn.c_proj.bias", (h,), L, "attention"),
+            Tensor("mlp.c_fc.weight", (h, I), L, "mlp"),
+            Tensor("mlp.c_fc.bias", (I,), L, "mlp"),
+            Tensor("mlp.c_proj.weight", (I, h), L, "mlp"),
+            Tensor("mlp.c_proj.bias", (h,), L, "mlp"),
+            Tensor("ln_1.weight", (h,), L, "norms"),
+            Tensor("ln_1.bias", (h,), L, "norms"),
+            Tensor("ln_2.weight", (h,), L, "norms"),
+            Tensor("ln_2.bias", (h,), L, "norms"),
+            Tensor("ln_f.weight", (h,), one, "norms"),
+            Tensor("ln_f.bias", (h,), one, "norms"),
+        ]
+    else:
+        out += [
+            Tensor("self_attn.q_proj.weight", (a * d, h), L, "attention"),
+            Tensor("self_attn.k_proj.weight", (a_kv * d, h), L, "attention"),
+            Tensor("self_attn.v_proj.weight", (a_kv * d, h), L, "attention"),
+            Tensor("self_attn.o_proj.weight", (h, a * d), L, "attention"),
+        ]
+        if spec.qkv_bias:
+            out += [
+                Tensor("self_attn.q_proj.bias", (a * d,), L, "attention"),
+                Tensor("self_attn.k_proj.bias", (a_kv * d,), L, "attention"),
+                Tensor("self_attn.v_proj.bias", (a_kv * d,), L, "attention"),
+            ]
+        if spec.o_bias:
+            out.append(Tensor("self_attn.o_proj.bias", (h,), L, "attention"))
+        out += [
+            Tensor("mlp.gate_proj.weight", (I, h), L, "mlp"),
+            Tensor("mlp.up_proj.weight", (I, h), L, "mlp"),
+            Tensor("mlp.down_proj.weight", (h, I), L, "mlp"),
+        ]
+        if spec.mlp_bias:
+            out += [
+                Tensor("mlp.gate_proj.bias", (I,), L, "mlp"),
+                Tensor("mlp.up_proj.bias", (I,), L, "mlp"),
+                Tensor("mlp.down_proj.bias", (h,), L, "mlp"),
+            ]
+        out += [
+            Tensor("input_layernorm.weight", (h,), L, "norms"),
+            Tensor("post_attention_layernorm.weight", (h,), L, "norms"),
+            Tensor("norm.weight", (h,), one, "norms"),
+        ]
+    if not spec.tied_embeddings:
+        out.append(Tensor("lm_head.weight", (V, h), one, "head"))
+    return out
+
+
+def param_exprs(spec: ModelSpec) -> dict[str, sympy.Expr]:
+    """Parameter count per component (embedding, positions, attention, mlp, norms, head)."""
+    totals: dict[str, sympy.Expr] = {c: sympy.Integer(0) for c in COMPONENTS}
+    for tensor in tensors(spec):
+        totals[tensor.component] += tensor.count * tensor.numel
+    return {name: sympy.factor_terms(sympy.expand(expr)) for name, expr in totals.items()}
+
+
+def param_total_expr(spec: ModelSpec) -> sympy.Expr:
+    """The whole model's parameter count as one expression in the model symbols."""
+    return sympy.Add(*param_exprs(spec).values())
+
+
+def param_counts(spec: ModelSpec) -> dict[str, int]:
+    """Exact numeric parameter count per component."""
+    values = size_values(spec)
+    return {name: int(expr.subs(values)) for name, expr in param_exprs(spec).items()}
+
+
+def param_count(spec: ModelSpec) -> int:
+    """Exact numeric parameter count of the whole model."""
+    return sum(param_counts(spec).values())
+
+
+def layer_param_expr(spec: ModelSpec) -> sympy.Expr:
+    """Parameters of one transformer layer, as an expression (what ZeRO-3 gathers at a time)."""
+    per_layer = sympy.Add(*(t.numel for t in tensors(spec) if t.count == L))
+    return sympy.factor_terms(sympy.expand(per_layer))
+
+
+def layer_param_count(spec: ModelSpec) -> int:
+    """Parameters of one transformer layer.
+
+    >>> from vrammath.presets import load_model
+    >>> layer_param_count(load_model("llama-7b"))
+    202383360
+    """
+    return int(layer_param_expr(spec).subs(size_values(spec)))
+
+
+def largest_tensor_numel(spec: ModelSpec) -> int:
+    """Elements of the largest single parameter tensor (for-loop optimizer temporaries)."""
+    values = size_values(spec)
+    return max(int(t.numel.subs(values)) for t in tensors(spec))
+
+
+__all__ = [
+    "COMPONENTS",
+    "Tensor",
+    "largest_tensor_numel",
+    "layer_param_count",
+    "layer_param_expr",
+    "param_count",
+    "param_counts",
+    "param_exprs",
+    "param_total_expr",
+    "size_values",
+    "tensors",
+]

@@ -1,0 +1,277 @@
+"""Model states: weights, gradients, master weights and optimizer states, per recipe and optimizer.
+
+A *precision recipe* fixes the bytes per element of each state; an *optimizer* fixes how many state
+tensors it keeps and of what shape. For optimizers whose states are proportional to the parameters
+(Adam, SGD) the totals are ``bytes_per_param * P``; for shape-dependent ones (8-bit Adam keeps small
+tensors in 32 bits and one fp32 scale per block of 256, Adafactor factors the second moment of every
+matrix into a row and a column vector) the expression runs over the model's real tensor shapes.
+
+Examples
+========
+
+>>> bytes_per_param("bf16-mixed", "adamw")
+{'weights': 2, 'gradients': 2, 'master': 4, 'optimizer': 8}
+>>> sum(bytes_per_param("bf16-megatron", "adamw").values())
+18
+>>> sum(bytes_per_param("bf16-pure", "adamw").values())
+8
+>>> from vrammath.presets import load_model
+>>> model_state_bytes(load_model("llama-7b"), "bf16-mixed", "adamw")["optimizer"]
+53907324928
+
+References
+==========
+
+.. [1] Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+   Models", arXiv:1910.02054, section 3.1 (mixed-precision Adam: 2 + 2 + 12 bytes/parameter).
+.. [2] Micikevicius et al. 2018, "Mixed Precision Training", arXiv:1710.03740.
+.. [3] Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization", arXiv:2110.02861.
+.. [4] Shazeer and Stern 2018, "Adafactor", arXiv:1804.04235.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from vrammath.errors import InputError, one_of
+from vrammath.model import ModelSpec
+from vrammath.params import largest_tensor_numel, param_count, size_values, tensors
+from vrammath.symbols import P
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Bytes per element of each model state under one precision recipe."""
+
+    name: str
+    weights: int
+    gradients: int
+    master: int
+    state: int
+    compute: str
+    description: str
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("fp32", 4, 4, 0, 4, "fp32", "everything in fp32"),
+        Recipe(
+            "fp16-mixed",
+            2,
+            2,
+            4,
+            4,
+            "fp16",
+            "fp16 weights and gradients, fp32 master weights and optimizer states (ZeRO, DeepSpeed)",
+        ),
+        Recipe(
+            "bf16-mixed",
+            2,
+            2,
+            4,
+            4,
+            "bf16",
+            "bf16 weights and gradients, fp32 master weights and optimizer states (ZeRO, DeepSpeed)",
+        ),
+        Recipe(
+            "bf16-megatron",
+            2,
+            4,
+            4,
+            4,
+            "bf16",
+            "bf16 weights, fp32 gradient accumulation (main_grad), fp32 master and states (Megatron)",
+        ),
+        Recipe(
+            "autocast-bf16",
+            4,
+            4,
+            0,
+            4,
+            "bf16",
+            "PyTorch autocast: fp32 parameters, gradients and states; bf16 copies made for compute",
+        ),
+        Recipe(
+            "autocast-fp16",
+            4,
+            4,
+            0,
+            4,
+            "fp16",
+            "PyTorch autocast: fp32 parameters, gradients and states; fp16 copies made for compute",
+        ),
+        Recipe("bf16-pure", 2, 2, 0, 2, "bf16", "every state in bf16, no master copy"),
+    )
+}
+
+# optimizer -> number of full-size state tensors it keeps per parameter tensor
+_STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam8bit", "adafactor")
+IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+
+# bitsandbytes: tensors below this many elements keep 32-bit states; block-wise scales per 256.
+BNB_MIN_8BIT_SIZE = 4096
+BNB_BLOCK = 256
+
+
+def recipe(name: str) -> Recipe:
+    """A precision recipe by name (see :data:`RECIPES`)."""
+    if name not in RECIPES:
+        raise one_of("recipe", name, list(RECIPES))
+    return RECIPES[name]
+
+
+def _check_optimizer(optimizer: str) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise one_of("optimizer", optimizer, OPTIMIZERS)
+
+
+def bytes_per_param(recipe_name: str, optimizer: str) -> dict[str, int]:
+    """Bytes per parameter of each model state, for optimizers proportional to the parameters.
+
+    8-bit Adam and Adafactor depend on tensor shapes: use :func:`model_state_exprs` for them.
+    """
+    rec = recipe(recipe_name)
+    _check_optimizer(optimizer)
+    if optimizer not in _STATE_TENSORS:
+        raise InputError(
+            "optimizer",
+            f"{optimizer}'s states depend on tensor shapes; per-parameter bytes need a model "
+            "(use model_state_exprs); proportional optimizers: " + ", ".join(_STATE_TENSORS),
+            got=optimizer,
+        )
+    return {
+        "weights": rec.weights,
+        "gradients": rec.gradients,
+        "master": rec.master,
+        "optimizer": _STATE_TENSORS[optimizer] * rec.state,
+    }
+
+
+def _adam8bit_expr(spec: ModelSpec) -> sympy.Expr:
+    values = size_values(spec)
+    total = sympy.Integer(0)
+    for tensor in tensors(spec):
+        numel = tensor.numel
+        if int(numel.subs(values)) >= BNB_MIN_8BIT_SIZE:
+            one_state = numel + 4 * sympy.ceiling(numel / BNB_BLOCK)  # uint8 codes + fp32 absmax
+        else:
+            one_state = 4 * numel
+        total += tensor.count * 2 * one_state
+    return total
+
+
+def _adafactor_expr(spec: ModelSpec, state_bytes: int, momentum: bool) -> sympy.Expr:
+    total = sympy.Integer(0)
+    for tensor in tensors(spec):
+        if len(tensor.shape) >= 2:
+            rows, cols = tensor.shape[0], tensor.shape[1]
+            second = rows + cols  # exp_avg_sq_row (rows) and exp_avg_sq_col (cols)
+        else:
+            second = tensor.numel
+        first = tensor.numel if momentum else 0
+        total += tensor.count * state_bytes * (second + first)
+    return total
+
+
+def model_state_exprs(
+    spec: ModelSpec, recipe_name: str, optimizer: str, *, adafactor_momentum: bool = False
+) -> dict[str, sympy.Expr]:
+    """Total bytes of each model state as an expression.
+
+    Proportional states are written in ``P`` (Psi, the parameter count); shape-dependent optimizer
+    states in the model symbols (h, I, L, ...). Substitute :func:`state_values` to evaluate.
+
+    >>> from vrammath.presets import load_model
+    >>> model_state_exprs(load_model("llama-7b"), "bf16-mixed", "adamw")
+    {'weights': 2*P, 'gradients': 2*P, 'master': 4*P, 'optimizer': 8*P}
+    """
+    rec = recipe(recipe_name)
+    _check_optimizer(optimizer)
+    out: dict[str, sympy.Expr] = {
+        "weights": rec.weights * P,
+        "gradients": rec.gradients * P,
+        "master": rec.master * P,
+    }
+    if optimizer in _STATE_TENSORS:
+        out["optimizer"] = _STATE_TENSORS[optimizer] * rec.state * P
+    elif optimizer == "adam8bit":
+        out["optimizer"] = _adam8bit_expr(spec)
+    else:
+        out["optimizer"] = _adafactor_expr(spec, rec.state, adafactor_momentum)
+    return out
+
+
+def state_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
+    """Substitutions for model-state expressions: ``P`` and the model symbols."""
+    return {P: param_count(spec), **size_values(spec)}
+
+
+def model_state_bytes(
+    spec: ModelSpec, recipe_name: str, optimizer: str, *, adafactor_momentum: bool = False
+) -> dict[str, int]:
+    """Exact bytes of each model state (weights, gradients, master, optimizer) on one replica."""
+    values = state_values(spec)
+    exprs = model_state_exprs(spec, recipe_name, optimizer, adafactor_momentum=adafactor_momentum)
+    return {name: int(expr.subs(values)) for name, expr in exprs.items()}
+
+
+def optimizer_step_temp_expr(
+    spec: ModelSpec, recipe_name: str, optimizer: str, implementation: str
+) -> sympy.Expr:
+    """Transient bytes allocated inside ``optimizer.step()`` for PyTorch's Adam/AdamW/SGD.
+
+    * ``fused``: the kernel updates in place -- no temporaries.
+    * ``foreach``: ``_foreach_sqrt`` of the second moments materialises one state-sized copy of
+      every parameter at once (``P * state bytes``).
+    * ``for-loop``: ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` briefly holds two temporaries of
+      the largest tensor.
+
+    Optimizers other than Adam/AdamW are reported as 0 here (SGD's update is in place).
+
+    >>> from vrammath.presets import load_model
+    >>> optimizer_step_temp_expr(load_model("llama-7b"), "fp32", "adamw", "foreach")
+    4*P
+    """
+    rec = recipe(recipe_name)
+    _check_optimizer(optimizer)
+    if implementation not in IMPLEMENTATIONS:
+        raise one_of("implementation", implementation, IMPLEMENTATIONS)
+    if optimizer not in ("adam", "adamw") or implementation == "fused":
+        return sympy.Integer(0)
+    if implementation == "foreach":
+        return rec.state * P
+    return sympy.Integer(2 * largest_tensor_numel(spec) * rec.state)
+
+
+def optimizer_step_temp_bytes(
+    spec: ModelSpec, recipe_name: str, optimizer: str, implementation: str
+) -> int:
+    """:func:`optimizer_step_temp_expr` evaluated for ``spec`` (one unsharded replica).
+
+    >>> from vrammath.presets import load_model
+    >>> optimizer_step_temp_bytes(load_model("llama-7b"), "fp32", "adamw", "foreach")
+    26953662464
+    """
+    expr = optimizer_step_temp_expr(spec, recipe_name, optimizer, implementation)
+    return int(expr.subs(state_values(spec)))
+
+
+__all__ = [
+    "BNB_BLOCK",
+    "BNB_MIN_8BIT_SIZE",
+    "IMPLEMENTATIONS",
+    "OPTIMIZERS",
+    "RECIPES",
+    "Recipe",
+    "bytes_per_param",
+    "model_state_bytes",
+    "model_state_exprs",
+    "optimizer_step_temp_bytes",
+    "optimizer_step_temp_expr",
+    "recipe",
+    "state_values",
+]
