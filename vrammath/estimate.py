@@ -131,6 +131,13 @@ class Estimate:
             if c.device == device and c.bytes is not None and (keys is None or c.key in keys)
         )
 
+    def gpu_expr(self) -> sympy.Expr:
+        """Sum of the estimated GPU components' expressions (in the symbols of
+        :mod:`vrammath.symbols`; evaluate with :attr:`values`). Solvers and sweeps use this."""
+        return sympy.Add(
+            *(c.expr for c in self.components if c.device == "gpu" and c.expr is not None)
+        )
+
     @property
     def model_state_bytes(self) -> int:
         """Weights + gradients + master + optimizer states on one GPU."""
@@ -280,7 +287,14 @@ def estimate(setup: Setup) -> Estimate:
             "use tp=1, pp=1",
             got=(setup.tp, setup.pp),
         )
-    values: dict[sympy.Symbol, int] = {**state_values(setup.model), N_d: setup.gpus}
+    values: dict[sympy.Symbol, int] = {
+        **state_values(setup.model),
+        N_d: setup.gpus,
+        b: setup.micro_batch,
+        s: setup.seq_len,
+        t: setup.tp,
+        p: setup.pp,
+    }
     comps = _state_components(setup, values)
     if setup.zero == 3 and not setup.offload_params:
         rec = recipe(setup.recipe)
