@@ -38,7 +38,7 @@ from vrammath.states import (
     recipe,
     state_values,
 )
-from vrammath.symbols import N_d
+from vrammath.symbols import N_d, b, p, s, t
 from vrammath.units import fmt_gb, fmt_gib
 
 ATTENTION = ("sdpa", "eager")
