@@ -53,13 +53,21 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the handbook (HTML, strict) and run every doctest in it."""
+    """Build the handbook (HTML, strict) and run every doctest in it.
+
+    Pages execute through a cache keyed on vrammath's sources (see docs/conf.py); under CI, or
+    with `nox -s docs -- --force`, every page executes afresh. Both builders share one doctree
+    folder, so the doctest pass reuses the HTML pass's executed pages.
+    """
     session.install(*_group("docs"), "-e", ".")
     session.run("python", "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3")
     force = os.environ.get("CI") == "true" or "--force" in session.posargs
-    env = {"VRAMMATH_FORCE_EXECUTE": "1"} if force else {}
-    args = ["-n", "-W", "--keep-going", "-j", "1"]
-    session.run("sphinx-build", "-b", "html", *args, "docs", str(DOCS_OUT / "html"), env=env)
+    env = {"VRAMMATH_FORCE_EXECUTE": "1" if force else "0"}
+    args = ["-n", "-W", "--keep-going", "-j", "1", "-d", str(DOCS_OUT / "doctrees")]
+    fresh = ["-E"] if force else []  # re-read (and so execute) every page, not just changed ones
+    session.run(
+        "sphinx-build", "-b", "html", *fresh, *args, "docs", str(DOCS_OUT / "html"), env=env
+    )
     session.run("sphinx-build", "-b", "doctest", *args, "docs", str(DOCS_OUT / "doctest"), env=env)
     session.log(f"handbook: {DOCS_OUT / 'html' / 'index.html'}")
 
@@ -68,10 +76,13 @@ def docs(session: nox.Session) -> None:
 def serve(session: nox.Session) -> None:
     """Live preview of the handbook at http://127.0.0.1:8000 (rebuilds on change)."""
     session.install(*_group("docs"), "sphinx-autobuild", "-e", ".")
+    session.run("python", "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3")
     session.run(
         "sphinx-autobuild",
         "docs",
         str(DOCS_OUT / "serve"),
+        "-d",
+        str(DOCS_OUT / "serve-doctrees"),
         "--host",
         "127.0.0.1",
         "--port",
@@ -80,6 +91,12 @@ def serve(session: nox.Session) -> None:
         "vrammath",
         "--watch",
         "conf",
+        # the build's own writes (execution cache, staged MathJax, bytecode) are not changes
+        "--ignore",
+        str(DOCS_OUT),
+        "--re-ignore",
+        r"(__pycache__|\.ipynb_checkpoints|\.pyc$)",
+        *session.posargs,
     )
 
 
@@ -126,4 +143,19 @@ def browser(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Speed benchmarks (sweeps vs sympy subs, import and CLI cold start); ratios in one run."""
     session.install(*_group("bench"), "-e", ".")
-    session.run("pytest", "benchmarks", "--benchmark-only", "-p", "no:cacheprovider", *session.posargs)
+    session.run(
+        "pytest", "benchmarks", "--benchmark-only", "-p", "no:cacheprovider", *session.posargs
+    )
+
+
+@nox.session
+def compare(session: nox.Session) -> None:
+    """Run DeepSpeed's, accelerate's and Megatron's estimators on vrammath's setups (not in CI).
+
+    Writes validation/estimators.json. DeepSpeed installs without its CUDA ops (DS_BUILD_OPS=0)
+    against the pinned CPU torch already in the environment.
+    """
+    session.install(TORCH, "transformers>=5,<6", "accelerate>=1.0", "setuptools", "wheel")
+    session.install("--no-build-isolation", "deepspeed", env={"DS_BUILD_OPS": "0"})
+    session.install("-e", ".")
+    session.run("python", "tools/compare_estimators.py", *session.posargs)

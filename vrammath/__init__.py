@@ -17,10 +17,24 @@ offload. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, Setup, estimate
+from vrammath.inference import Serve, kv_bytes_per_token, kv_cache_bytes, kv_cache_expr, serve
 from vrammath.model import ModelSpec, from_hf_config
 from vrammath.parallel import convention_bytes, shard_model_states, zero_paper_bytes, zero_stage
 from vrammath.params import param_count, param_counts, param_exprs
+from vrammath.peft import frozen_base_exprs, lora_param_count, lora_param_expr, lora_state_exprs
 from vrammath.presets import gpu, load_config_file, load_gpus, load_model, model_names
+from vrammath.solve import (
+    Budget,
+    Solution,
+    budget,
+    cheapest_fit,
+    fewest_gpus,
+    fit,
+    largest_micro_batch,
+    longest_sequence,
+    sensitivities,
+    sweep,
+)
 from vrammath.states import RECIPES, bytes_per_param, model_state_bytes, model_state_exprs
 from vrammath.units import GB, GiB, fmt_bytes, fmt_gb, fmt_gib
 
@@ -29,30 +43,49 @@ __version__ = "0.1.0"
 __all__ = [
     "GB",
     "RECIPES",
+    "Budget",
     "Component",
     "Estimate",
     "GiB",
     "InputError",
     "ModelSpec",
+    "Serve",
     "Setup",
+    "Solution",
+    "budget",
     "bytes_per_param",
+    "cheapest_fit",
     "convention_bytes",
     "estimate",
+    "fewest_gpus",
+    "fit",
     "fmt_bytes",
     "fmt_gb",
     "fmt_gib",
     "from_hf_config",
+    "frozen_base_exprs",
     "gpu",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "kv_cache_expr",
+    "largest_micro_batch",
     "load_config_file",
     "load_gpus",
     "load_model",
+    "longest_sequence",
+    "lora_param_count",
+    "lora_param_expr",
+    "lora_state_exprs",
     "model_names",
     "model_state_bytes",
     "model_state_exprs",
     "param_count",
     "param_counts",
     "param_exprs",
+    "sensitivities",
+    "serve",
     "shard_model_states",
+    "sweep",
     "zero_paper_bytes",
     "zero_stage",
 ]

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
+from vrammath.activations import activation_exprs, korthikanti_first_stage_bytes
 from vrammath.errors import InputError, one_of, positive_int
 from vrammath.model import ModelSpec
 from vrammath.parallel import shard_model_states, zero_stage
-from vrammath.params import layer_param_expr, param_count
+from vrammath.params import layer_param_expr, param_count, rank_param_count
+from vrammath.peak import compose_phases
+from vrammath.peft import QUANTS, adapted_linears, lora_targets, lora_terms
 from vrammath.presets import GPU, gpu
 from vrammath.states import (
     IMPLEMENTATIONS,
@@ -38,11 +41,26 @@ from vrammath.states import (
     recipe,
     state_values,
 )
-from vrammath.symbols import N_d, b, p, s, t
+from vrammath.symbols import N_d, P, b, m, p, r, s, t
 from vrammath.units import fmt_gb, fmt_gib
 
 ATTENTION = ("sdpa", "eager")
 RECOMPUTE = ("none", "selective", "full")
+ACTIVATION_MODELS = ("auto", "hf", "korthikanti")
+ITERATIONS = ("steady", "first")
+SCHEDULES = ("1f1b", "interleaved")
+
+# The dtype the forward runs in under each recipe (what the activations are kept in).
+_PRECISION_OF = {
+    "fp32": "fp32",
+    "fp16-mixed": "fp16",
+    "bf16-mixed": "bf16",
+    "bf16-megatron": "bf16",
+    "autocast-bf16": "autocast-bf16",
+    "autocast-fp16": "autocast-fp16",
+    "bf16-pure": "bf16",
+}
+PHASES = ("forward_peak", "backward_peak", "step_peak")
 
 _STATE_LABELS = {
     "weights": "weights",
@@ -72,6 +90,23 @@ class Setup:
     attention: str = "sdpa"
     recompute: str = "none"
     gpu: str | None = None
+    lora_rank: int | None = None
+    lora_targets: tuple[str, ...] = ("q", "v")
+    quant: str | None = None
+    lora_dropout: bool = False
+    activation_model: str = "auto"
+    iteration: str = "steady"
+    schedule: str = "1f1b"
+    chunks: int = 1
+
+    @property
+    def activation_formula(self) -> str:
+        """``hf`` or ``korthikanti``: ``activation_model`` with ``auto`` resolved (Korthikanti's
+        formulas for tensor/pipeline parallelism and selective recomputation, else HF-exact)."""
+        if self.activation_model != "auto":
+            return self.activation_model
+        megatron = self.tp > 1 or self.pp > 1 or self.recompute == "selective"
+        return "korthikanti" if megatron else "hf"
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -81,7 +116,7 @@ class Setup:
         if self.implementation not in IMPLEMENTATIONS:
             raise one_of("implementation", self.implementation, IMPLEMENTATIONS)
         object.__setattr__(self, "zero", zero_stage(self.zero))
-        for name in ("gpus", "micro_batch", "seq_len", "tp", "pp"):
+        for name in ("gpus", "micro_batch", "seq_len", "tp", "pp", "chunks"):
             positive_int(name, getattr(self, name))
         if self.attention not in ATTENTION:
             raise one_of("attention", self.attention, ATTENTION)
@@ -95,6 +130,48 @@ class Setup:
             raise InputError("offload_optimizer", "needs --zero 1, 2 or 3", got=self.zero)
         if self.sp and self.tp == 1:
             raise InputError("sp", "sequence parallelism needs tp > 1", got=self.tp)
+        if self.activation_model not in ACTIVATION_MODELS:
+            raise one_of("activation_model", self.activation_model, ACTIVATION_MODELS)
+        if self.iteration not in ITERATIONS:
+            raise one_of("iteration", self.iteration, ITERATIONS)
+        if self.schedule not in SCHEDULES:
+            raise one_of("schedule", self.schedule, SCHEDULES)
+        positive_int("chunks", self.chunks)
+        megatron = self.tp > 1 or self.pp > 1 or self.recompute == "selective"
+        if self.activation_model == "hf" and megatron:
+            raise InputError(
+                "activation_model",
+                "hf covers Hugging Face runs (tp=1, pp=1, recompute none or full); tensor, "
+                "pipeline and selective recomputation are Megatron's: use korthikanti or auto",
+                got=self.activation_model,
+            )
+        if (self.tp > 1 or self.pp > 1) and (self.lora_rank is not None or self.zero == 3):
+            raise InputError(
+                "tp/pp",
+                "tensor/pipeline parallelism is estimated with ZeRO 0-2 and without LoRA",
+                got=(self.tp, self.pp),
+            )
+        object.__setattr__(self, "lora_targets", lora_targets(self.lora_targets))
+        if self.lora_rank is not None:
+            positive_int("lora_rank", self.lora_rank)
+            adapted_linears(self.model, self.lora_targets)  # e.g. no gate in a GPT MLP
+            if self.offload_optimizer or self.offload_params:
+                raise InputError(
+                    "offload",
+                    "is not estimated with LoRA (use --zero without offload)",
+                    got="offload",
+                )
+        if self.quant is not None:
+            if self.quant not in QUANTS:
+                raise one_of("quant", self.quant, QUANTS)
+            if self.lora_rank is None:
+                raise InputError(
+                    "quant", "needs --lora-rank (a quantized base is frozen)", got=self.quant
+                )
+            if self.zero == 3:
+                raise InputError(
+                    "quant", "is not estimated with ZeRO-3 (use --zero 0, 1 or 2)", got=self.zero
+                )
 
 
 @dataclass(frozen=True)
@@ -116,6 +193,13 @@ class Estimate:
     setup: Setup
     components: tuple[Component, ...]
     values: dict[sympy.Symbol, int] = field(repr=False)
+    phase_exprs: dict[str, sympy.Expr] = field(default_factory=dict, repr=False)
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Bytes live at the peak of each phase of a training iteration (forward, backward,
+        optimizer step), per GPU; see :func:`vrammath.peak.compose_phases`."""
+        return {k: _value(e, self.values) for k, e in self.phase_exprs.items()}
 
     def component(self, key: str) -> Component:
         """The component with this key (e.g. ``"optimizer"``, ``"activations"``)."""
@@ -132,8 +216,10 @@ class Estimate:
         )
 
     def gpu_expr(self) -> sympy.Expr:
-        """Sum of the estimated GPU components' expressions (in the symbols of
-        :mod:`vrammath.symbols`; evaluate with :attr:`values`). Solvers and sweeps use this."""
+        """The per-GPU peak as one expression: the largest phase (in the symbols of
+        :mod:`vrammath.symbols`; evaluate with ``values``). Solvers and sweeps use this."""
+        if self.phase_exprs:
+            return sympy.Max(*self.phase_exprs.values())
         return sympy.Add(
             *(c.expr for c in self.components if c.device == "gpu" and c.expr is not None)
         )
@@ -141,12 +227,18 @@ class Estimate:
     @property
     def model_state_bytes(self) -> int:
         """Weights + gradients + master + optimizer states on one GPU."""
-        return self._total("gpu", ("weights", "gradients", "master", "optimizer"))
+        return self._total("gpu", _MODEL_STATE_KEYS)
 
     @property
     def gpu_bytes(self) -> int:
-        """Total of every estimated GPU component (the steady-state footprint of one rank)."""
-        return self._total("gpu")
+        """The peak per GPU: the largest phase of the iteration (what must fit)."""
+        return _value(self.gpu_expr(), self.values)
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase where the peak falls."""
+        phases = self.phases
+        return max(phases, key=lambda k: phases[k])
 
     @property
     def cpu_bytes(self) -> int:
@@ -194,7 +286,16 @@ class Estimate:
                 "attention": setup.attention,
                 "recompute": setup.recompute,
                 "gpu": setup.gpu,
+                "lora_rank": setup.lora_rank,
+                "lora_targets": list(setup.lora_targets),
+                "quant": setup.quant,
+                "lora_dropout": setup.lora_dropout,
+                "activation_model": setup.activation_formula,
+                "iteration": setup.iteration,
+                "schedule": setup.schedule,
+                "chunks": setup.chunks,
             },
+            "phases": self.phases,
             "components": [
                 {
                     "key": c.key,
@@ -210,6 +311,7 @@ class Estimate:
                 "gpu_bytes": self.gpu_bytes,
                 "cpu_bytes": self.cpu_bytes,
                 "model_state_bytes": self.model_state_bytes,
+                "peak_phase": self.peak_phase,
             },
             "unestimated": list(self.unestimated),
             "gpu": None
@@ -226,7 +328,17 @@ class Estimate:
             else:
                 expr = "" if c.expr is None else str(c.expr)
                 rows.append((c.label, c.device, fmt_gb(c.bytes), fmt_gib(c.bytes), expr))
-        rows.append(("total per GPU", "gpu", fmt_gb(self.gpu_bytes), fmt_gib(self.gpu_bytes), ""))
+        for phase, value in self.phases.items():
+            rows.append((f"phase: {phase}", "gpu", fmt_gb(value), fmt_gib(value), ""))
+        rows.append(
+            (
+                f"peak per GPU ({self.peak_phase})",
+                "gpu",
+                fmt_gb(self.gpu_bytes),
+                fmt_gib(self.gpu_bytes),
+                "",
+            )
+        )
         if self.cpu_bytes:
             rows.append(
                 ("total CPU per rank", "cpu", fmt_gb(self.cpu_bytes), fmt_gib(self.cpu_bytes), "")
@@ -247,6 +359,10 @@ class Estimate:
             )
         if self.unestimated:
             lines.append("not estimated: " + ", ".join(self.unestimated) + " (totals exclude them)")
+        lines.append(
+            "not counted: CUDA context, cuBLAS/NCCL workspaces, allocator rounding and "
+            "fragmentation (reserve them: vrammath fit --reserve-gib, solve.DEFAULT_RESERVE_BYTES)"
+        )
         return "\n".join(lines)
 
 
@@ -273,20 +389,150 @@ def _state_components(setup: Setup, values: dict[sympy.Symbol, int]) -> list[Com
     return out
 
 
+_MODEL_STATE_KEYS = (
+    "weights",
+    "gradients",
+    "master",
+    "optimizer",
+    "quant_constants",
+    "adapter_weights",
+    "adapter_gradients",
+    "adapter_master",
+    "adapter_optimizer",
+)
+_LORA_SHARD = {
+    "weights": 3,  # ZeRO stage from which each LoRA term is sharded over N_d
+    "quant_constants": 3,
+    "adapter_weights": 3,
+    "adapter_gradients": 2,
+    "adapter_master": 1,
+    "adapter_optimizer": 1,
+    "step_temporaries": 1,
+}
+
+
+def _lora_components(setup: Setup, values: dict[sympy.Symbol, int]) -> list[Component]:
+    assert setup.lora_rank is not None
+    values[r] = setup.lora_rank
+    terms = lora_terms(
+        setup.model,
+        setup.lora_rank,
+        setup.lora_targets,
+        setup.recipe,
+        setup.optimizer,
+        setup.implementation,
+        quant=setup.quant,
+        dropout=setup.lora_dropout,
+        recompute=setup.recompute,
+    )
+    out = []
+    for term in terms:
+        expr = term.expr
+        if setup.zero >= _LORA_SHARD.get(term.key, 4):
+            expr = expr / N_d
+        out.append(Component(term.key, term.label, "gpu", expr, _value(expr, values), term.note))
+    return out
+
+
 def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:
     # Shards round up: the last rank holds the padding (DeepSpeed and FSDP pad to N_d).
     return int(sympy.ceiling(expr.subs(values)))
 
 
-def estimate(setup: Setup) -> Estimate:
-    """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading)."""
-    if setup.tp > 1 or setup.pp > 1:
-        raise InputError(
-            "tp/pp",
-            "tensor and pipeline parallel splits of model states are not estimated yet; "
-            "use tp=1, pp=1",
-            got=(setup.tp, setup.pp),
+def _activation_components(setup: Setup, values: dict[sympy.Symbol, int]) -> list[Component]:
+    spec = setup.model
+    precision = _PRECISION_OF[setup.recipe]
+    if setup.activation_formula == "hf":
+        recompute = "full" if setup.recompute == "full" else "none"
+        exprs = activation_exprs(spec, setup.attention, precision, recompute)  # type: ignore[arg-type]
+        how = f"{spec.model_type} as transformers runs it, {setup.attention}, {precision}"
+        return [
+            Component(
+                "activations",
+                "activations kept for backward",
+                "gpu",
+                exprs["activations"],
+                _value(exprs["activations"], values),
+                how + (", checkpoints only" if recompute == "full" else ""),
+            ),
+            Component(
+                "logits_loss",
+                "logits and loss buffers kept",
+                "gpu",
+                exprs["logits_loss"],
+                _value(exprs["logits_loss"], values),
+                "logits and the fp32 log-softmax the loss keeps for backward",
+            ),
+        ]
+    parallel = "tp_sp" if setup.sp else "tp"
+    expr = korthikanti_first_stage_bytes(
+        parallel,  # type: ignore[arg-type]
+        setup.recompute,  # type: ignore[arg-type]
+        schedule=setup.schedule,  # type: ignore[arg-type]
+        activation_bytes=4 if precision == "fp32" else 2,
+    )
+    return [
+        Component(
+            "activations",
+            "activations, first pipeline stage (Korthikanti et al.)",
+            "gpu",
+            expr,
+            _value(expr, values),
+            "as published: GPT block, 4h GeLU MLP, 1-byte dropout masks",
         )
+    ]
+
+
+def _phase_exprs(setup: Setup, comps: list[Component]) -> dict[str, sympy.Expr]:
+    by_key = {c.key: c.expr for c in comps if c.device == "gpu" and c.expr is not None}
+
+    def total(*keys: str) -> sympy.Expr:
+        return sympy.Add(*(by_key.get(k, sympy.Integer(0)) for k in keys))
+
+    W = total("weights", "master", "quant_constants", "adapter_weights", "adapter_master")
+    O_ = total("optimizer", "adapter_optimizer")
+    G = total("gradients", "adapter_gradients")
+    T_step = total("step_temporaries")
+    A = total("activations", "logits_loss", "adapter_activations")
+    in_flight = total("gathered", "dequant_buffer")
+    rec = recipe(setup.recipe)
+    if setup.activation_formula == "korthikanti":
+        # Megatron: activations are freed as gradients appear; the backward peak is the larger
+        O_before = O_ if setup.iteration == "steady" else sympy.Integer(0)
+        return {
+            "forward_peak": W + O_before + A + in_flight,
+            "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight,
+            "step_peak": W + O_ + G + T_step,
+        }
+    reduce_buffer = (
+        rec.gradients * layer_param_expr(setup.model) if setup.zero == 3 else sympy.Integer(0)
+    )
+    phases = compose_phases(
+        setup.model,
+        weights=W,
+        optimizer=O_,
+        gradients=G,
+        step_temporaries=T_step,
+        precision=_PRECISION_OF[setup.recipe],  # type: ignore[arg-type]
+        attention=setup.attention,  # type: ignore[arg-type]
+        recompute="full" if setup.recompute == "full" else "none",
+        gathered=in_flight,
+        reduce_buffer=reduce_buffer,
+        grad_bytes=rec.gradients,
+        iteration=setup.iteration,  # type: ignore[arg-type]
+        activations=A,
+    )
+    return {k: phases[k] for k in PHASES}
+
+
+def estimate(setup: Setup) -> Estimate:
+    """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading),
+    and the peak of each phase of a training iteration.
+
+    With ``tp`` or ``pp`` above 1, ``P`` stands for the parameters of the fullest
+    tensor/pipeline rank (:func:`vrammath.params.rank_param_count`) and the activations are
+    Korthikanti et al.'s first pipeline stage.
+    """
     values: dict[sympy.Symbol, int] = {
         **state_values(setup.model),
         N_d: setup.gpus,
@@ -294,9 +540,17 @@ def estimate(setup: Setup) -> Estimate:
         s: setup.seq_len,
         t: setup.tp,
         p: setup.pp,
+        m: setup.chunks,
     }
-    comps = _state_components(setup, values)
-    if setup.zero == 3 and not setup.offload_params:
+    if setup.tp > 1 or setup.pp > 1:
+        values[P] = rank_param_count(setup.model, setup.tp, setup.pp)
+    lora_step: Component | None = None
+    if setup.lora_rank is not None:
+        comps = _lora_components(setup, values)
+        lora_step = comps.pop()  # the adapters' step temporaries, appended last below
+    else:
+        comps = _state_components(setup, values)
+    if setup.zero == 3:  # gathered for compute even when the shards live on the CPU
         rec = recipe(setup.recipe)
         expr = 2 * rec.weights * layer_param_expr(setup.model)
         comps.append(
@@ -309,34 +563,28 @@ def estimate(setup: Setup) -> Estimate:
                 "current layer + one prefetched, unsharded",
             )
         )
-    comps.append(
-        Component(
-            "activations",
-            "activations",
-            "gpu",
-            None,
-            None,
-            "not estimated yet: activation formulas land with the activation issue",
+    comps += _activation_components(setup, values)
+    if lora_step is not None:
+        comps.append(lora_step)
+    else:
+        step_expr = optimizer_step_temp_expr(
+            setup.model, setup.recipe, setup.optimizer, setup.implementation
         )
-    )
-    step_expr = optimizer_step_temp_expr(
-        setup.model, setup.recipe, setup.optimizer, setup.implementation
-    )
-    if setup.offload_optimizer:
-        step_expr = sympy.Integer(0)  # the step runs on the CPU
-    elif setup.zero >= 1:
-        step_expr = step_expr / N_d  # each rank steps its own shard
-    comps.append(
-        Component(
-            "step_temporaries",
-            f"optimizer step temporaries ({setup.implementation})",
-            "gpu",
-            step_expr,
-            _value(step_expr, values),
-            "transient, during optimizer.step()",
+        if setup.offload_optimizer:
+            step_expr = sympy.Integer(0)  # the step runs on the CPU
+        elif setup.zero >= 1:
+            step_expr = step_expr / N_d  # each rank steps its own shard
+        comps.append(
+            Component(
+                "step_temporaries",
+                f"optimizer step temporaries ({setup.implementation})",
+                "gpu",
+                step_expr,
+                _value(step_expr, values),
+                "transient, during optimizer.step()",
+            )
         )
-    )
-    return Estimate(setup, tuple(comps), values)
+    return Estimate(setup, tuple(comps), values, _phase_exprs(setup, comps))
 
 
 def with_changes(setup: Setup, **changes: object) -> Setup:
@@ -345,8 +593,12 @@ def with_changes(setup: Setup, **changes: object) -> Setup:
 
 
 __all__ = [
+    "ACTIVATION_MODELS",
     "ATTENTION",
+    "ITERATIONS",
+    "PHASES",
     "RECOMPUTE",
+    "SCHEDULES",
     "Component",
     "Estimate",
     "Setup",

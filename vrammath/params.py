@@ -30,7 +30,9 @@ References
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import sympy
 
@@ -178,6 +180,51 @@ def layer_param_count(spec: ModelSpec) -> int:
     return int(layer_param_expr(spec).subs(size_values(spec)))
 
 
+def rank_param_count(spec: ModelSpec, tp: int = 1, pp: int = 1) -> int:
+    """Parameters held by the fullest tensor/pipeline-parallel rank, Megatron-style.
+
+    Weight matrices, their biases and the vocabulary-parallel embedding and head are split over
+    ``tp`` ranks; norms and learned positions are replicated. Stage 0 holds the embedding and
+    ``ceil(L / pp)`` layers, the last stage the head and final norm (and, with tied embeddings and
+    ``pp > 1``, its own copy of the embedding, as Megatron keeps one for the output layer).
+
+    >>> from vrammath.presets import load_model
+    >>> rank_param_count(load_model("llama-7b")) == param_count(load_model("llama-7b"))
+    True
+    >>> rank_param_count(load_model("gpt-175b"), tp=8, pp=8)
+    2822473728
+    """
+    values = size_values(spec)
+
+    def split(t: Tensor) -> Fraction:
+        numel = int(t.numel.subs(values))
+        replicated = t.component in ("norms", "positions")
+        return Fraction(numel) if replicated else Fraction(numel, tp)
+
+    layers = -(-spec.layers // pp)
+    per_layer = sum((split(t) for t in tensors(spec) if t.count == L), Fraction(0))
+    first = layers * per_layer + sum(
+        (split(t) for t in tensors(spec) if t.component in ("embedding", "positions")), Fraction(0)
+    )
+    if pp == 1:
+        rest = sum(
+            (
+                split(t)
+                for t in tensors(spec)
+                if t.count != L and t.component not in ("embedding", "positions")
+            ),
+            Fraction(0),
+        )
+        return math.ceil(first + rest)
+    last = layers * per_layer + sum(
+        (split(t) for t in tensors(spec) if t.count != L and t.component in ("norms", "head")),
+        Fraction(0),
+    )
+    if spec.tied_embeddings:
+        last += sum((split(t) for t in tensors(spec) if t.component == "embedding"), Fraction(0))
+    return math.ceil(max(first, last))
+
+
 def largest_tensor_numel(spec: ModelSpec) -> int:
     """Elements of the largest single parameter tensor (for-loop optimizer temporaries)."""
     values = size_values(spec)
@@ -194,6 +241,7 @@ __all__ = [
     "param_counts",
     "param_exprs",
     "param_total_expr",
+    "rank_param_count",
     "size_values",
     "tensors",
 ]

@@ -31,13 +31,14 @@ References
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sympy
 
 from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
-from vrammath.params import largest_tensor_numel, param_count, size_values, tensors
+from vrammath.params import Tensor, largest_tensor_numel, param_count, size_values, tensors
 from vrammath.symbols import P
 
 
@@ -54,6 +55,7 @@ class Recipe:
     description: str
 
 
+#: Every precision recipe by name, with the bytes per element of each model state.
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -151,30 +153,56 @@ def bytes_per_param(recipe_name: str, optimizer: str) -> dict[str, int]:
     }
 
 
-def _adam8bit_expr(spec: ModelSpec) -> sympy.Expr:
-    values = size_values(spec)
+def tensor_optimizer_expr(
+    tensor_list: Sequence[Tensor],
+    values: Mapping[sympy.Symbol, int],
+    optimizer: str,
+    state_bytes: int,
+    *,
+    adafactor_momentum: bool = False,
+) -> sympy.Expr:
+    """Optimizer-state bytes of a list of tensors (the model's, or LoRA adapters').
+
+    ``state_bytes`` is the width of one full-precision state element. bitsandbytes' 8-bit Adam
+    (``Optimizer2State``) keeps ``m`` and ``v`` as uint8 codes plus one fp32 absmax per block of
+    256 elements, except for tensors under 4096 elements, which keep fp32 states; ``values``
+    decides that threshold for symbolic shapes.
+
+    >>> from vrammath.params import Tensor
+    >>> from vrammath.symbols import h
+    >>> w = Tensor("w", (h, h), sympy.Integer(1), "attention")
+    >>> tensor_optimizer_expr([w], {h: 4096}, "adam8bit", 4)
+    2*h**2 + 8*ceiling(h**2/256)
+    >>> tensor_optimizer_expr([w], {h: 32}, "adam8bit", 4)
+    8*h**2
+    """
+    _check_optimizer(optimizer)
     total = sympy.Integer(0)
-    for tensor in tensors(spec):
+    for tensor in tensor_list:
         numel = tensor.numel
-        if int(numel.subs(values)) >= BNB_MIN_8BIT_SIZE:
-            one_state = numel + 4 * sympy.ceiling(numel / BNB_BLOCK)  # uint8 codes + fp32 absmax
-        else:
-            one_state = 4 * numel
-        total += tensor.count * 2 * one_state
+        if optimizer in _STATE_TENSORS:
+            one = _STATE_TENSORS[optimizer] * state_bytes * numel
+        elif optimizer == "adam8bit":
+            if int(numel.subs(values)) >= BNB_MIN_8BIT_SIZE:
+                one = 2 * (numel + 4 * sympy.ceiling(numel / BNB_BLOCK))  # uint8 + fp32 absmax
+            else:
+                one = 2 * 4 * numel
+        else:  # adafactor: exp_avg_sq_row (rows) + exp_avg_sq_col (cols) for matrices
+            second = tensor.shape[0] + tensor.shape[1] if len(tensor.shape) >= 2 else numel
+            first = numel if adafactor_momentum else 0
+            one = state_bytes * (second + first)
+        total += tensor.count * one
     return total
+
+
+def _adam8bit_expr(spec: ModelSpec) -> sympy.Expr:
+    return tensor_optimizer_expr(tensors(spec), size_values(spec), "adam8bit", 4)
 
 
 def _adafactor_expr(spec: ModelSpec, state_bytes: int, momentum: bool) -> sympy.Expr:
-    total = sympy.Integer(0)
-    for tensor in tensors(spec):
-        if len(tensor.shape) >= 2:
-            rows, cols = tensor.shape[0], tensor.shape[1]
-            second = rows + cols  # exp_avg_sq_row (rows) and exp_avg_sq_col (cols)
-        else:
-            second = tensor.numel
-        first = tensor.numel if momentum else 0
-        total += tensor.count * state_bytes * (second + first)
-    return total
+    return tensor_optimizer_expr(
+        tensors(spec), size_values(spec), "adafactor", state_bytes, adafactor_momentum=momentum
+    )
 
 
 def model_state_exprs(
@@ -260,6 +288,37 @@ def optimizer_step_temp_bytes(
     return int(expr.subs(state_values(spec)))
 
 
+def optimizer_table(spec: ModelSpec, recipe_name: str = "bf16-mixed") -> list[dict[str, object]]:
+    """Every optimizer's model states for ``spec`` under one recipe: exact bytes and bytes/param.
+
+    Shape-dependent optimizers are evaluated on the real tensors: bitsandbytes' 8-bit Adam comes
+    to just over 2 bytes per parameter (uint8 ``m`` and ``v`` plus 2 x 4/256 bytes of block-wise
+    absmax), Adafactor to almost nothing.
+
+    >>> from vrammath.presets import load_model
+    >>> rows = optimizer_table(load_model("llama-7b"))
+    >>> [(r["optimizer"], r["optimizer_bytes_per_param"]) for r in rows][:2]
+    [('adamw', 8.0), ('adam', 8.0)]
+    >>> row = next(r for r in rows if r["optimizer"] == "adam8bit")
+    >>> round(row["optimizer_bytes_per_param"], 4), round(row["total_bytes_per_param"], 4)
+    (2.0312, 10.0312)
+    """
+    psi = param_count(spec)
+    out: list[dict[str, object]] = []
+    for name in OPTIMIZERS:
+        states = model_state_bytes(spec, recipe_name, name)
+        out.append(
+            {
+                "optimizer": name,
+                "recipe": recipe_name,
+                **{f"{key}_bytes": value for key, value in states.items()},
+                "optimizer_bytes_per_param": states["optimizer"] / psi,
+                "total_bytes_per_param": sum(states.values()) / psi,
+            }
+        )
+    return out
+
+
 __all__ = [
     "BNB_BLOCK",
     "BNB_MIN_8BIT_SIZE",
@@ -272,6 +331,8 @@ __all__ = [
     "model_state_exprs",
     "optimizer_step_temp_bytes",
     "optimizer_step_temp_expr",
+    "optimizer_table",
     "recipe",
     "state_values",
+    "tensor_optimizer_expr",
 ]

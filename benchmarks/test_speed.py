@@ -1,0 +1,108 @@
+"""Speed: a 10**6-point sweep against sympy ``subs``, and cold starts (``nox -s bench``).
+
+The figures and their ratios are printed together at the end of the run (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import sympy
+
+from vrammath.estimate import Component, Estimate, Setup, estimate
+from vrammath.presets import load_model
+from vrammath.solve import sweep
+from vrammath.symbols import N_d, b, s
+
+POINTS = 10**6
+SUBS_SAMPLE = 200
+
+
+def _setup_estimate() -> Estimate:
+    """LLaMA-7B, ZeRO-3 over 8 GPUs, with activation terms in b and s.
+
+    Until activations are wired into :func:`estimate`, the activation expressions of
+    :mod:`vrammath.activations` are attached as components so the sweep has b and s to vary.
+    """
+    spec = load_model("llama-7b")
+    est = estimate(Setup(spec, zero=3, gpus=8))
+    if {b, s} <= est.gpu_expr().free_symbols:
+        return est
+    from vrammath.activations import activation_exprs
+
+    extra = tuple(
+        Component(f"bench_{key}", key, "gpu", expr, None)
+        for key, expr in activation_exprs(spec).items()
+    )
+    return dataclasses.replace(est, components=(*est.components, *extra))
+
+
+@pytest.fixture(scope="module")
+def est() -> Estimate:
+    return _setup_estimate()
+
+
+@pytest.fixture(scope="module")
+def axes() -> dict[sympy.Symbol, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        b: rng.integers(1, 65, POINTS),
+        s: rng.integers(1, 32769, POINTS),
+        N_d: rng.integers(1, 1025, POINTS),
+    }
+
+
+def test_sweep_million(benchmark, est, axes, record) -> None:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    first = sweep(est, axes)  # compiles once; later calls hit the cache
+    record["compile_s"] = time.perf_counter() - start
+    out = benchmark(sweep, est, axes)
+    assert out.shape == (POINTS,)
+    assert (out == first).all()
+    record["sweep_points"] = POINTS
+    record["sweep_s"] = benchmark.stats.stats.mean
+    assert POINTS / record["sweep_s"] >= 1e6
+
+
+def test_subs_baseline(benchmark, est, axes, record) -> None:  # type: ignore[no-untyped-def]
+    expr = est.gpu_expr()
+    settings = [
+        {**est.values, b: int(axes[b][i]), s: int(axes[s][i]), N_d: int(axes[N_d][i])}
+        for i in range(SUBS_SAMPLE)
+    ]
+
+    def run() -> list[int]:
+        return [int(sympy.ceiling(expr.subs(v))) for v in settings]
+
+    values = benchmark.pedantic(run, rounds=3, iterations=1)
+    record["subs_per_config_s"] = benchmark.stats.stats.mean / SUBS_SAMPLE
+    fast = sweep(est, {k: v[:SUBS_SAMPLE] for k, v in axes.items()})
+    # the sweep rounds each component up; subs rounds the sum: within a byte per component
+    assert all(0 <= f - v < len(est.components) for f, v in zip(fast, values, strict=True))
+    if "sweep_s" in record:
+        assert record["subs_per_config_s"] / (record["sweep_s"] / POINTS) >= 1000
+
+
+def _cold(args: list[str]) -> None:
+    subprocess.run([sys.executable, *args], check=True, capture_output=True)
+
+
+def test_cold_python(benchmark, record) -> None:  # type: ignore[no-untyped-def]
+    benchmark.pedantic(_cold, args=(["-c", "pass"],), rounds=5, iterations=1)
+    record["python_s"] = benchmark.stats.stats.mean
+
+
+def test_cold_import(benchmark, record) -> None:  # type: ignore[no-untyped-def]
+    benchmark.pedantic(_cold, args=(["-c", "import vrammath"],), rounds=5, iterations=1)
+    record["import_s"] = benchmark.stats.stats.mean
+
+
+def test_cold_cli(benchmark, record) -> None:  # type: ignore[no-untyped-def]
+    cmd = ["-m", "vrammath", "estimate", "llama-7b", "--zero", "3", "--gpus", "8"]
+    benchmark.pedantic(_cold, args=(cmd,), rounds=5, iterations=1)
+    record["cli_s"] = benchmark.stats.stats.mean

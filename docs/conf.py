@@ -1,0 +1,271 @@
+"""Sphinx configuration for the vrammath handbook.
+
+Three things here are not stock Sphinx:
+
+* **The execution cache is keyed on vrammath's own sources.** MyST-NB's jupyter-cache keys a
+  notebook on its cell text alone, so a formula change in ``vrammath/`` would be served stale. We
+  hash ``vrammath/**/*.py`` and ``conf/**`` and use one cache folder per hash (older ones are
+  removed). ``VRAMMATH_FORCE_EXECUTE=1`` (set by ``nox -s docs`` under CI) executes every page.
+* **Math reads offline.** MathJax 3 comes from the ``django-static-mathjax`` wheel (a docs
+  dependency, no Django needed) and is copied into a build folder that Sphinx ships as static
+  files; no page loads anything from a CDN.
+* **Strict.** A failing cell fails the build, stderr output is a warning (and ``-W`` makes it an
+  error), and nitpicky cross-references are on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+BUILD = DOCS / "_build"
+
+# The checkout's vrammath, also when it is not installed: for autodoc here and, through
+# PYTHONPATH, for the notebook kernels that execute the pages.
+sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+)
+
+project = "vrammath"
+author = "the vrammath authors"
+copyright = "2025, the vrammath authors"
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.doctest",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.viewcode",
+    "sphinxcontrib.bibtex",
+    "sphinx_design",
+]
+
+exclude_patterns = ["_build", "jupyter_execute", ".jupyter_cache", "**.ipynb_checkpoints"]
+
+# --- MyST ------------------------------------------------------------------------------------
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist", "substitution"]
+myst_heading_anchors = 3
+numfig = True
+math_numfig = True
+math_eqref_format = "({number})"
+numfig_secnum_depth = 0
+
+# --- MyST-NB execution -----------------------------------------------------------------------
+_SOURCE_GLOBS = (("vrammath", "**/*.py"), ("conf", "**/*"))
+
+
+def sources_hash() -> str:
+    """SHA-256 (first 16 hex digits) of vrammath's Python sources and conf/, paths included."""
+    digest = hashlib.sha256()
+    for folder, pattern in _SOURCE_GLOBS:
+        base = ROOT / folder
+        for path in sorted(base.glob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(path.relative_to(ROOT).as_posix().encode())
+                digest.update(b"\0")
+                digest.update(path.read_bytes())
+                digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+SOURCES_HASH = sources_hash()
+
+
+def place_execution_cache(app, config):  # type: ignore[no-untyped-def]
+    """One jupyter-cache per doctree folder and per sources hash; caches for other hashes go.
+
+    The cache sits inside the doctrees (``docs/_build/doctrees/jupyter_cache/<hash>`` for ``nox
+    -s docs``, whose HTML and doctest passes share it), so two builds with different doctree
+    folders (``nox -s serve``, a build into /tmp) never write one cache at once.
+    """
+    root = Path(app.doctreedir).resolve() / "jupyter_cache"
+    if root.is_dir():  # a cache for other sources can never be valid again
+        for old in root.iterdir():
+            if old.name != SOURCES_HASH:
+                shutil.rmtree(old, ignore_errors=True)
+    config.nb_execution_cache_path = str(root / SOURCES_HASH)
+
+
+# A change in vrammath's sources changes this value, and Sphinx re-reads every page when an "env"
+# config value changes (see setup() below): otherwise a page whose text did not change would keep
+# its pickled outputs from before the formula change, whatever the execution cache says.
+vrammath_sources_hash = SOURCES_HASH
+
+FORCE = os.environ.get("VRAMMATH_FORCE_EXECUTE", "") not in ("", "0", "false")
+nb_execution_mode = "force" if FORCE else "cache"
+# nb_execution_cache_path is set per build folder by place_execution_cache() (see setup()).
+nb_execution_raise_on_error = True
+nb_execution_timeout = 300
+nb_execution_show_tb = True
+nb_output_stderr = "warn"
+nb_merge_streams = True
+nb_render_markdown_format = "myst"  # Markdown outputs (tables built in cells) get math too
+nb_ipywidgets_js: dict[str, dict[str, str]] = {}  # the defaults load require.js from a CDN
+nb_mime_priority_overrides = [
+    ("html", "text/latex", 0),  # a glued sympy object renders through MathJax, not as a PNG
+]
+
+# --- MathJax, bundled --------------------------------------------------------------------------
+MATHJAX_STAGE = BUILD / "_mathjax_static"
+_MATHJAX_PARTS = (
+    "tex-chtml.js",
+    "startup.js",
+    "core.js",
+    "loader.js",
+    "input",
+    "output/chtml",
+    "ui",
+    "a11y",
+    "adaptors",
+    "sre",
+)
+
+
+def stage_mathjax() -> Path:
+    """Copy MathJax 3's CommonHTML bundle from the installed wheel into a build folder."""
+    spec = importlib.util.find_spec("mathjax")
+    origin = Path(spec.origin).parent if spec and spec.origin else None
+    es5 = origin / "static" / "mathjax" / "es5" if origin else None
+    if es5 is None or not (es5 / "tex-chtml.js").is_file():
+        raise RuntimeError(
+            "MathJax 3 is not installed: `pip install django-static-mathjax` "
+            "(it is in pyproject.toml's docs dependency group; nox -s docs installs it)"
+        )
+    target = MATHJAX_STAGE / "mathjax"
+    stamp = MATHJAX_STAGE / "source.txt"
+    if stamp.is_file() and stamp.read_text() == str(es5) and (target / "tex-chtml.js").is_file():
+        return MATHJAX_STAGE
+    shutil.rmtree(MATHJAX_STAGE, ignore_errors=True)
+    for part in _MATHJAX_PARTS:
+        src = es5 / part
+        dst = target / part
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        elif src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    license_file = es5.parent / "LICENSE"
+    if license_file.is_file():
+        shutil.copy2(license_file, target / "LICENSE")
+    stamp.write_text(str(es5))
+    return MATHJAX_STAGE
+
+
+html_static_path = ["_static", str(stage_mathjax())]
+mathjax_path = "mathjax/tex-chtml.js"  # relative to _static
+mathjax3_config = {
+    "tex": {"tags": "ams"},
+    "options": {"menuOptions": {"settings": {"assistiveMml": True}}},
+}
+
+# --- HTML ---------------------------------------------------------------------------------------
+html_theme = "sphinx_book_theme"
+html_title = "vrammath handbook"
+html_css_files = ["vrammath.css"]
+html_favicon = "_static/favicon.svg"
+html_last_updated_fmt = None
+html_copy_source = True
+html_show_sourcelink = True
+html_theme_options = {
+    "show_toc_level": 2,
+    "use_download_button": True,
+    "use_fullscreen_button": False,
+    "use_repository_button": False,
+    "use_issues_button": False,
+    "use_edit_page_button": False,
+    "home_page_in_toc": True,
+    "navigation_with_keys": False,
+    "show_navbar_depth": 1,
+}
+html_context = {"default_mode": "light"}
+
+# --- Citations ----------------------------------------------------------------------------------
+bibtex_bibfiles = ["references.bib"]
+bibtex_default_style = "plain"
+bibtex_reference_style = "author_year"
+
+# --- API reference ------------------------------------------------------------------------------
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+napoleon_numpy_docstring = True
+napoleon_google_docstring = False
+
+# Nitpicky mode (-n): with no intersphinx, names from other packages cannot resolve; anything of
+# vrammath's own that fails to resolve is still an error.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(sympy|numpy|np|pathlib|collections|typing|typing_extensions|dataclasses)(\..*)?"),
+    (r"py:.*", r"(Path|Mapping|Sequence|Iterable|Iterator|Callable|Literal|Any|Self|TypeAlias)"),
+    (r"py:.*", r"(Symbol|Expr|Basic|Rational|Integer|Float|Number|Matrix|Eq|Piecewise)"),
+    (r"py:.*", r"(sympy\.core\..*|sympy\.[a-z_.]+)"),
+    (r"py:class", r"(int|float|str|bool|bytes|object|dict|list|tuple|set|frozenset|None)"),
+    (r"py:class", r"(Ellipsis|ellipsis|EllipsisType|types\..*)"),
+    (r"py:class", r"(ValueError|Exception|TypeError|KeyError)"),
+    (r"py:class", r"(fractions|decimal|enum|functools)\..*"),
+]
+
+# --- doctest builder ----------------------------------------------------------------------------
+doctest_global_setup = "import vrammath"
+
+
+# --- cross-references to vrammath by short name -----------------------------------------------
+
+
+def resolve_short_vrammath_name(app, env, node, contnode):  # type: ignore[no-untyped-def]
+    """Resolve ``:class:`InputError``` in a docstring to the one ``vrammath.*.InputError``.
+
+    Docstrings name the package's own classes and functions without their module; a name that
+    matches exactly one documented vrammath object links there, anything else stays unresolved
+    (and nitpicky mode reports it).
+    """
+    from sphinx.util.nodes import make_refnode
+
+    if node.get("refdomain") != "py":
+        return None
+    target = node.get("reftarget", "").lstrip("~.")
+    if not target or target.startswith("vrammath."):
+        return None
+    domain = env.get_domain("py")
+    suffix = "." + target
+    matches = [
+        (name, entry)
+        for name, entry in domain.objects.items()
+        if name.startswith("vrammath.") and name.endswith(suffix) and not entry.aliased
+    ]
+    if len(matches) != 1:
+        return None
+    name, entry = matches[0]
+    return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, name)
+
+
+_FOOTNOTE_DEF = re.compile(r"^(\s*)\.\. \[(\d+)\]")
+_FOOTNOTE_REF = re.compile(r"\[(\d+)\]_")
+
+
+def unique_footnotes(app, what, name, obj, options, lines):  # type: ignore[no-untyped-def]
+    """Give numpydoc-style ``.. [1]`` references in a docstring labels unique to that docstring.
+
+    Several docstrings on one API page each define ``[1]``; docutils would see duplicate targets.
+    ``[1]`` becomes the auto-numbered ``[#vrammath-x-y-1]`` (and ``[1]_`` likewise).
+    """
+    label = re.sub(r"[^0-9A-Za-z]+", "-", name)
+    for i, line in enumerate(lines):
+        defined = _FOOTNOTE_DEF.sub(lambda m: f"{m.group(1)}.. [#{label}-{m.group(2)}]", line)
+        lines[i] = _FOOTNOTE_REF.sub(lambda m: f"[#{label}-{m.group(1)}]_", defined)
+
+
+def setup(app):  # type: ignore[no-untyped-def]
+    app.add_config_value("vrammath_sources_hash", "", "env", types=[str])
+    app.connect("config-inited", place_execution_cache, priority=100)
+    app.connect("missing-reference", resolve_short_vrammath_name)
+    app.connect("autodoc-process-docstring", unique_footnotes)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

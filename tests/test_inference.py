@@ -1,0 +1,169 @@
+"""Serving: KV cache per token (vLLM's figures), GQA/MQA, TP replication, paging, windows, fit."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vrammath.errors import InputError
+from vrammath.inference import (
+    Serve,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    serve,
+    serving_weight_bytes,
+)
+from vrammath.model import from_hf_config
+from vrammath.params import param_count
+from vrammath.presets import gpu, load_model
+
+KiB = 1024
+
+
+def test_published_per_token() -> None:
+    # vLLM: 2 * L * n_kv * d_head * 2 bytes; Llama-2-7B 512 KiB, Llama-2-70B (GQA 8) 320 KiB.
+    assert kv_bytes_per_token(load_model("llama-2-7b"), "fp16") == 512 * KiB
+    assert kv_bytes_per_token(load_model("llama-2-70b"), "fp16") == 320 * KiB
+    assert kv_bytes_per_token(load_model("llama-2-70b"), "fp8-e4m3") == 160 * KiB
+    assert kv_bytes_per_token(load_model("mistral-7b")) == 128 * KiB
+    assert kv_bytes_per_token(load_model("qwen2-72b")) == 320 * KiB
+
+
+@pytest.mark.parametrize(("tp", "heads"), [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (64, 1)])
+def test_tp_replicates_kv_heads(tp: int, heads: int) -> None:
+    spec = load_model("llama-2-70b")
+    assert kv_bytes_per_token(spec, tp=tp) == 2 * 80 * heads * 128 * 2
+
+
+def test_mha_gqa_mqa() -> None:
+    base = {
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "vocab_size": 100,
+    }
+    mha = from_hf_config(base)
+    gqa = from_hf_config({**base, "num_key_value_heads": 4})
+    mqa = from_hf_config({**base, "num_key_value_heads": 1})
+    wide = from_hf_config({**base, "num_key_value_heads": 4, "head_dim": 128})
+    per = [kv_bytes_per_token(x) for x in (mha, gqa, mqa, wide)]
+    assert per == [2 * 4 * 16 * 64 * 2, 2 * 4 * 4 * 64 * 2, 2 * 4 * 1 * 64 * 2, 2 * 4 * 4 * 128 * 2]
+    assert kv_bytes_per_token(mqa, tp=8) == kv_bytes_per_token(mqa)  # one head, replicated
+
+
+def test_paged_last_block_and_window() -> None:
+    spec = load_model("llama-2-7b")
+    assert kv_cache_bytes(spec, 3, 17, block=16) == 3 * 32 * 512 * KiB
+    assert kv_cache_bytes(spec, 3, 32, block=16) == 3 * 32 * 512 * KiB
+    assert kv_cache_bytes(spec, 3, 33, block=16) == 3 * 48 * 512 * KiB
+    mistral = load_model("mistral-7b")  # sliding window 4096 on every layer
+    assert kv_cache_bytes(mistral, 1, 32768) == 4096 * 128 * KiB
+    assert kv_cache_bytes(mistral, 1, 1000) == 1000 * 128 * KiB
+    assert kv_cache_bytes(mistral, 1, 32768, window_layers=0) == 32768 * 128 * KiB
+    assert kv_cache_bytes(mistral, 1, 32768, keep_window_minus_one=True) == 4095 * 128 * KiB
+    with pytest.raises(InputError, match="^window_layers: needs a model with a sliding_window"):
+        kv_cache_bytes(spec, 1, 10, window_layers=2)
+
+
+@given(st.integers(1, 100_000), st.integers(1, 64), st.sampled_from([1, 8, 16, 32, 128]))
+def test_paged_never_less_and_under_one_block_more(tokens: int, batch: int, block: int) -> None:
+    spec = load_model("llama-2-70b")
+    exact = kv_cache_bytes(spec, batch, tokens)
+    paged = kv_cache_bytes(spec, batch, tokens, block=block)
+    assert exact <= paged < exact + batch * block * kv_bytes_per_token(spec)
+
+
+def test_serving_weights_formats() -> None:
+    spec = load_model("llama-2-7b")
+    psi = param_count(spec)
+    assert serving_weight_bytes(spec, "fp16")["weights"] == 2 * psi
+    int4 = serving_weight_bytes(spec, "int4")
+    quantized = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    assert int4["weights"] == quantized // 2 + 2 * (psi - quantized)
+    assert int4["quant_constants"] == quantized // 128 * 5 // 2  # fp16 scale + 4-bit zero
+    int8 = serving_weight_bytes(spec, "int8")
+    assert int8["weights"] == quantized + 2 * (psi - quantized)
+    assert int8["quant_constants"] == 4 * 32 * (5 * 4096 + 2 * 11008)  # fp32 per output row
+    tp8 = serving_weight_bytes(load_model("llama-2-70b"), "bf16", tp=8)["weights"]
+    norms = (2 * 80 + 1) * 8192
+    assert tp8 == 2 * ((param_count(load_model("llama-2-70b")) - norms) // 8 + norms)
+
+
+def test_fit_and_largest_batch() -> None:
+    spec = load_model("llama-2-7b")
+    est = serve(Serve(spec, context=4096, batch=8, gpu="A100-80GB"))
+    budget = est.kv_budget_bytes
+    assert budget == gpu("A100-80GB").bytes - est.reserve_bytes - 2 * param_count(spec)
+    n = est.max_batch()
+    assert n is not None
+    per_seq = 4096 * 512 * KiB
+    assert n * per_seq <= budget < (n + 1) * per_seq
+    longest = est.max_context()
+    assert longest is not None
+    assert kv_cache_bytes(spec, 8, longest, block=16) <= budget
+    assert kv_cache_bytes(spec, 8, longest + 16, block=16) > budget
+    assert est.fits()
+    too_big = serve(Serve(spec, context=32768, batch=8, gpu="H100-80GB"))
+    assert too_big.fits() is False
+    assert serve(Serve(load_model("mistral-7b"), gpu="H100-80GB")).max_context() == 1 << 24
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"weights": "int3"}, "weights"),
+        ({"kv_dtype": "fp4"}, "kv_dtype"),
+        ({"gpu": "TPU"}, "gpu"),
+        ({"gpu_util": 1.5}, "gpu_util"),
+        ({"context": 0}, "context"),
+    ],
+)
+def test_serve_refuses(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InputError, match=f"^{field}: "):
+        Serve(load_model("llama-2-7b"), **kwargs)  # type: ignore[arg-type]
+
+
+def test_cli_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from vrammath.cli import main
+
+    code = main(["serve", "llama-2-7b", "--context", "32768", "--batch", "8", "--gpu", "H100-80GB"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "does NOT fit" in out
+    assert "largest batch at 32768 tokens: 3" in out
+    code = main(["serve", "llama-2-70b", "--tp", "8", "--weights", "int4", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["kv_bytes_per_token"] == 40 * KiB
+    assert data["gpu"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--weights", "int3"], "weights"),
+        (["--kv-dtype", "fp4"], "kv-dtype"),
+        (["--gpu-util", "0"], "gpu-util"),
+        (["--gpu", "TPU"], "gpu"),
+        (["--context", "-1"], "context"),
+    ],
+)
+def test_cli_serve_bad_input(
+    capsys: pytest.CaptureFixture[str], args: list[str], field: str
+) -> None:
+    from vrammath.cli import main
+
+    try:
+        code = main(["serve", "llama-2-7b", *args])
+    except SystemExit as exc:  # argparse rejects the value
+        code = int(str(exc.code))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert f"{field}: " in err
+    assert "Traceback" not in err

@@ -1,0 +1,746 @@
+"""Activation memory: the Korthikanti family as published, and the real implementations exactly.
+
+Two families of formulas sit side by side.
+
+* ``korthikanti_*`` reproduce Korthikanti et al. (2022) exactly as published: a GPT block with a
+  4h GeLU MLP, 16-bit activations, 1-byte dropout masks, layer-norm statistics ignored. The
+  assumptions are named parameters with the published defaults, so a reader can see (and change)
+  each of them.
+* ``hf_*`` give the bytes that Hugging Face transformers' implementations keep for backward, tensor
+  by tensor, as PyTorch autograd saves them (LLaMA-style decoders with eager or SDPA attention,
+  GQA, explicit head_dim, gated MLP, RMSNorm; GPT-2 with LayerNorm, a GeLU MLP and dropout), for
+  fp32, pure 16-bit and autocast runs, plus the logits and the loss. They are checked against
+  PyTorch's own memory count by ``vrammath.measure`` (see ``validation/matrix.json``).
+
+Examples
+========
+
+>>> from vrammath.symbols import s, b, h, a
+>>> korthikanti_layer_bytes()
+5*a*b*s**2 + 34*b*h*s
+>>> korthikanti_layer_bytes("tp", "selective")
+10*b*h*s + 24*b*h*s/t
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import sympy
+
+from vrammath.errors import InputError, one_of
+from vrammath.model import ModelSpec
+from vrammath.symbols import I, L, V, a, a_kv, b, d, h, m, p, s, t
+
+Parallel = Literal["none", "tp", "tp_sp"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "interleaved"]
+Attention = Literal["eager", "sdpa"]
+Precision = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
+HfRecompute = Literal["none", "full"]
+
+PARALLEL: tuple[str, ...] = ("none", "tp", "tp_sp")
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved")
+ATTENTIONS: tuple[str, ...] = ("eager", "sdpa")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")
+HF_RECOMPUTE: tuple[str, ...] = ("none", "full")
+
+Number: TypeAlias = int | sympy.Expr
+
+
+def _check(field: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise one_of(field, value, allowed)
+
+
+# =============================================================================================
+# Korthikanti et al. (2022), as published
+# =============================================================================================
+
+
+def korthikanti_layer_terms(
+    parallel: Parallel = "none",
+    recompute: Recompute = "none",
+    *,
+    activation_bytes: Number = 2,
+    dropout_mask_bytes: Number = 1,
+    ffn_multiple: Number = 4,
+) -> dict[str, sympy.Expr]:
+    """Bytes of activations one transformer layer keeps, per block (attention, MLP, norms).
+
+    Explanation
+    ===========
+
+    The paper's Section 4.1 counts, for a GPT layer with activations of ``activation_bytes``
+    bytes per element and dropout masks of ``dropout_mask_bytes`` bytes per element:
+
+    * attention: the QKV input (sbh), Q and K (2sbh), the softmax output (a s^2 b), its dropout
+      mask and output (a s^2 b each), V (sbh), the output projection input (sbh) and the
+      attention-output dropout mask -- 11sbh + 5as^2b with the defaults;
+    * MLP: the first linear's input (sbh), the GeLU input and output (f sbh each, f = 4) and the
+      dropout mask -- 19sbh;
+    * norms: the inputs of the two layer norms -- 4sbh.
+
+    Tensor parallelism (``"tp"``) divides by t what lives inside the column/row-parallel regions
+    (Q, K, V, the score-sized tensors, the projection input, the GeLU tensors); sequence
+    parallelism (``"tp_sp"``) divides the rest too. Selective recomputation drops the score-sized
+    terms (softmax, its dropout mask and output). Full recomputation keeps only the layer input,
+    2sbh (reported under ``"norms"``'s neighbour ``"input"``; the blocks are zero).
+
+    Examples
+    ========
+
+    >>> terms = korthikanti_layer_terms()
+    >>> terms["attention"], terms["mlp"], terms["norms"]
+    (5*a*b*s**2 + 11*b*h*s, 19*b*h*s, 4*b*h*s)
+    >>> korthikanti_layer_terms(recompute="full")["input"]
+    2*b*h*s
+
+    Parameters
+    ==========
+
+    parallel : "none", "tp" or "tp_sp"
+        No model parallelism, tensor parallelism, or tensor + sequence parallelism.
+    recompute : "none", "selective" or "full"
+        Activation recomputation policy.
+    activation_bytes : int or Expr
+        Bytes per element of activations (the paper assumes 16-bit: 2).
+    dropout_mask_bytes : int or Expr
+        Bytes per element of a dropout mask (the paper assumes 1).
+    ffn_multiple : int or Expr
+        MLP intermediate size over h (the paper's GPT: 4).
+
+    See Also
+    ========
+
+    korthikanti_layer_bytes, korthikanti_first_stage_bytes
+
+    References
+    ==========
+
+    .. [1] V. Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+       Models", arXiv:2205.05198 (2022), Sections 4.1-4.3, 5.
+    """
+    _check("parallel", parallel, PARALLEL)
+    _check("recompute", recompute, RECOMPUTE)
+    B = sympy.sympify(activation_bytes)
+    M = sympy.sympify(dropout_mask_bytes)
+    f = sympy.sympify(ffn_multiple)
+    sbh = s * b * h
+    score = a * s**2 * b
+    # what tensor parallelism splits (inside the parallel regions) vs what it replicates
+    split_tp = parallel in ("tp", "tp_sp")
+    inner = 1 / t if split_tp else sympy.Integer(1)
+    outer = 1 / t if parallel == "tp_sp" else sympy.Integer(1)
+    if recompute == "full":
+        zero = sympy.Integer(0)
+        return {"attention": zero, "mlp": zero, "norms": zero, "input": B * sbh}
+    attn_outer = (B + M) * sbh  # QKV input + output dropout mask
+    attn_inner = 4 * B * sbh  # Q, K, V, output projection input
+    attn_score = (2 * B + M) * score  # softmax output, its dropout mask, dropout output
+    if recompute == "selective":
+        attn_score = sympy.Integer(0)
+    mlp_outer = (B + M) * sbh  # first linear input + dropout mask
+    mlp_inner = 2 * B * f * sbh  # GeLU input and output
+    norms = 2 * B * sbh
+    return {
+        "attention": attn_outer * outer + (attn_inner + attn_score) * inner,
+        "mlp": mlp_outer * outer + mlp_inner * inner,
+        "norms": norms * outer,
+        "input": sympy.Integer(0),
+    }
+
+
+def korthikanti_layer_bytes(
+    parallel: Parallel = "none",
+    recompute: Recompute = "none",
+    *,
+    activation_bytes: Number = 2,
+    dropout_mask_bytes: Number = 1,
+    ffn_multiple: Number = 4,
+) -> sympy.Expr:
+    """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022).
+
+    Explanation
+    ===========
+
+    The published per-layer totals, with the paper's assumptions as named parameters:
+
+    * no parallelism: sbh(34 + 5as/h)
+    * tensor parallel: sbh(10 + 24/t + 5as/(ht))
+    * tensor + sequence parallel: sbh/t (34 + 5as/h)
+    * selective recomputation: sbh(10 + 24/t) with TP, 34sbh/t with TP + SP
+    * full recomputation: 2sbh (only the layer input is kept)
+
+    Examples
+    ========
+
+    >>> from sympy import factor
+    >>> from vrammath.symbols import s, b, h, a, t
+    >>> factor(korthikanti_layer_bytes("tp_sp"))
+    b*s*(5*a*s + 34*h)/t
+    >>> korthikanti_layer_bytes(recompute="full")
+    2*b*h*s
+    >>> korthikanti_layer_bytes().subs({s: 512, b: 1, h: 4096, a: 32}) / 2**20
+    108
+
+    Parameters
+    ==========
+
+    parallel, recompute, activation_bytes, dropout_mask_bytes, ffn_multiple
+        As in :func:`korthikanti_layer_terms`.
+
+    See Also
+    ========
+
+    korthikanti_layer_terms, korthikanti_first_stage_bytes
+
+    References
+    ==========
+
+    .. [1] V. Korthikanti et al., arXiv:2205.05198 (2022), Table 2.
+    """
+    terms = korthikanti_layer_terms(
+        parallel,
+        recompute,
+        activation_bytes=activation_bytes,
+        dropout_mask_bytes=dropout_mask_bytes,
+        ffn_multiple=ffn_multiple,
+    )
+    return sympy.expand(sum(terms.values(), sympy.Integer(0)))
+
+
+def korthikanti_interleave_factor(schedule: Schedule = "1f1b") -> sympy.Expr:
+    """Factor on the first stage's activations: 1, or 1 + (p-1)/(pm) for the interleaved schedule.
+
+    >>> korthikanti_interleave_factor("interleaved")
+    1 + (p - 1)/(m*p)
+    """
+    _check("schedule", schedule, SCHEDULES)
+    if schedule == "1f1b":
+        return sympy.Integer(1)
+    return 1 + (p - 1) / (p * m)
+
+
+def korthikanti_extra_terms(
+    parallel: Parallel = "tp_sp",
+    *,
+    last_stage_on_first: bool = False,
+    activation_bytes: Number = 2,
+    dropout_mask_bytes: Number = 1,
+) -> dict[str, sympy.Expr]:
+    """The non-layer activations of the paper's Section 4.3.
+
+    Explanation
+    ===========
+
+    The embedding dropout mask, sbhp/t (p micro-batches in flight on the first stage). When the
+    first stage is also the last (p = 1, ``last_stage_on_first=True``): the final layer norm's
+    input 2sbh/t, the output layer's input 2sbh/t and the fp32 logits 4sbv/t. The paper divides
+    all of them by t (sequence parallelism for the norm and dropout, vocabulary-parallel logits);
+    with ``parallel="none"`` t is 1.
+
+    >>> korthikanti_extra_terms(last_stage_on_first=True)["logits"]
+    4*V*b*s/t
+
+    References
+    ==========
+
+    .. [1] V. Korthikanti et al., arXiv:2205.05198 (2022), Section 4.3.
+    """
+    _check("parallel", parallel, PARALLEL)
+    B = sympy.sympify(activation_bytes)
+    M = sympy.sympify(dropout_mask_bytes)
+    div = sympy.Integer(1) if parallel == "none" else t
+    pp = sympy.Integer(1) if last_stage_on_first else p
+    terms = {"embedding_dropout": M * s * b * h * pp / div}
+    if last_stage_on_first:
+        terms["final_norm"] = B * s * b * h / div
+        terms["output_input"] = B * s * b * h / div
+        terms["logits"] = 4 * s * b * V / div
+    return terms
+
+
+def korthikanti_first_stage_bytes(
+    parallel: Parallel = "tp_sp",
+    recompute: Recompute = "none",
+    *,
+    schedule: Schedule = "1f1b",
+    last_stage_on_first: bool = False,
+    extras: bool = True,
+    activation_bytes: Number = 2,
+    dropout_mask_bytes: Number = 1,
+    ffn_multiple: Number = 4,
+) -> sympy.Expr:
+    """Activation bytes of the first pipeline stage, the one that holds the most (Section 4.3).
+
+    Explanation
+    ===========
+
+    With the 1F1B schedule the first stage keeps p micro-batches of L/p layers in flight: L
+    layers' worth whatever p is. The interleaved schedule multiplies that by 1 + (p-1)/(pm).
+    ``extras`` adds :func:`korthikanti_extra_terms` (set ``last_stage_on_first`` for p = 1).
+
+    Examples
+    ========
+
+    >>> from sympy import factor
+    >>> from vrammath.symbols import L, s, b, h, a, t, V
+    >>> factor(korthikanti_first_stage_bytes(extras=False))
+    L*b*s*(5*a*s + 34*h)/t
+    >>> e = korthikanti_first_stage_bytes(last_stage_on_first=True)
+    >>> factor(e - L * korthikanti_layer_bytes("tp_sp") - 4*s*b*h/t*(1 + V/h))
+    b*h*s/t
+
+    The remaining sbh/t is the embedding dropout mask at p = 1.
+
+    Parameters
+    ==========
+
+    parallel, recompute, activation_bytes, dropout_mask_bytes, ffn_multiple
+        As in :func:`korthikanti_layer_terms`.
+    schedule : "1f1b" or "interleaved"
+        Pipeline schedule; "interleaved" uses m model chunks per stage.
+    last_stage_on_first : bool
+        True when p = 1, so the output layer and the logits are on this stage.
+    extras : bool
+        Include the embedding dropout and (for p = 1) the output-side terms.
+
+    References
+    ==========
+
+    .. [1] V. Korthikanti et al., arXiv:2205.05198 (2022), Section 4.3, Equation 5.
+    """
+    layer = korthikanti_layer_bytes(
+        parallel,
+        recompute,
+        activation_bytes=activation_bytes,
+        dropout_mask_bytes=dropout_mask_bytes,
+        ffn_multiple=ffn_multiple,
+    )
+    total = L * layer * korthikanti_interleave_factor(schedule)
+    if extras:
+        extra = korthikanti_extra_terms(
+            parallel,
+            last_stage_on_first=last_stage_on_first,
+            activation_bytes=activation_bytes,
+            dropout_mask_bytes=dropout_mask_bytes,
+        )
+        total = total + sum(extra.values(), sympy.Integer(0))
+    return total
+
+
+# =============================================================================================
+# Hugging Face transformers, exactly
+# =============================================================================================
+
+#: head_dim above which transformers' SDPA path repeats K/V instead of passing enable_gqa.
+SDPA_GQA_MAX_HEAD_DIM = 256
+
+
+def _precision(precision: str) -> tuple[int, bool]:
+    """(compute bytes, autocast?) of a precision name."""
+    _check("precision", precision, PRECISIONS)
+    if precision == "fp32":
+        return 4, False
+    return 2, precision.startswith("autocast")
+
+
+def _residual_bytes(precision: str) -> int:
+    """Bytes per element of the residual stream: the parameters' dtype (fp32 under autocast)."""
+    compute, autocast = _precision(precision)
+    return 4 if autocast else compute
+
+
+def hf_layer_terms(
+    spec: ModelSpec,
+    attention: Attention = "sdpa",
+    precision: Precision = "bf16",
+    *,
+    gelu: str = "gelu_new",
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr]:
+    """Bytes one decoder layer of transformers' implementation keeps for backward, per tensor group.
+
+    Explanation
+    ===========
+
+    Derived from what autograd saves in transformers' ``LlamaDecoderLayer`` (also Qwen2, Mistral),
+    counted per tensor and checked against PyTorch's ``MemTracker``. With c the compute bytes (2
+    for bf16/fp16 and autocast, 4 for fp32):
+
+    * ``norms`` -- each RMSNorm upcasts its input to fp32 and keeps it (4sbh, for ``pow`` and the
+      multiply by the inverse RMS), the normalised tensor that the weight multiplies (in the
+      parameters' dtype: 2sbh for pure 16-bit, 4sbh for fp32 and autocast) and the inverse RMS
+      (4bs): twice per layer.
+    * ``inputs`` -- the tensors the projections keep as their input. The norm's output is shared
+      by q/k/v (and by gate/up); under autocast every linear casts its fp32 input to 16 bits
+      itself and keeps its own copy (3 for attention, 2 for the MLP).
+    * ``qkv`` -- Q (a d) and K, V after RoPE: a_kv d each for SDPA with ``enable_gqa``
+      (head_dim <= 256), a d each for eager attention (``repeat_kv`` copies) and SDPA beyond
+      head_dim 256. Under autocast RoPE's multiply by the fp32 cos/sin promotes Q and K to fp32;
+      the attention casts them back to 16 bits and keeps the 16-bit copies.
+    * ``scores`` -- eager: the softmax output in fp32 (4as^2b, ``softmax(dtype=float32)``) plus
+      its cast back to the query's dtype (2as^2b) unless that is fp32 (under autocast the query
+      is fp32, and the matmul with V casts the probabilities to 16 bits: 2as^2b again). SDPA
+      (flash kernel) keeps only the log-sum-exp, 4asb.
+    * ``output`` -- the attention output (c b s a d), kept by SDPA and shared with ``o_proj``'s
+      input, or the contiguous copy ``o_proj`` keeps in eager mode.
+    * ``mlp`` -- SwiGLU keeps four intermediate-size tensors: gate output (for SiLU), SiLU output
+      and up output (for the product), the product (for ``down_proj``): 4c sbI.
+    * ``weight_casts`` -- autocast only: the 16-bit copies of the layer's matrices, which autocast
+      caches and the linears keep for backward (2 bytes per weight).
+
+    Dropout is off in these models (attention_dropout 0.0) and keeps nothing.
+
+    Examples
+    ========
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.symbols import b, s
+    >>> spec = load_model("llama-7b")
+    >>> from vrammath.params import size_values
+    >>> per_layer = lambda att, prec: hf_layer_bytes(spec, att, prec).subs(
+    ...     {**size_values(spec), b: 1, s: 512})
+    >>> [round(float(per_layer(att, prec)) / 2**20, 2) for prec in ("bf16", "fp32")
+    ...     for att in ("eager", "sdpa")]
+    [139.0, 91.07, 198.0, 166.07]
+
+    Parameters
+    ==========
+
+    spec : ModelSpec
+        A ``llama``-family model (LLaMA, Mistral, Qwen2).
+    attention : "eager" or "sdpa"
+        transformers' attention implementation.
+    precision : "fp32", "bf16", "fp16", "autocast-bf16" or "autocast-fp16"
+        Pure precision (the model built in that dtype) or fp32 weights under ``torch.autocast``.
+
+    See Also
+    ========
+
+    hf_layer_bytes, hf_activation_terms, gpt2_layer_terms, korthikanti_layer_terms
+
+    References
+    ==========
+
+    .. [1] transformers ``models/llama/modeling_llama.py`` (v5), PyTorch
+       ``tools/autograd/derivatives.yaml`` (what each op saves).
+    """
+    if spec.family != "llama":
+        return gpt2_layer_terms(spec, attention, precision, gelu=gelu, device=device)
+    _check("attention", attention, ATTENTIONS)
+    c, autocast = _precision(precision)
+    sb = s * b
+    norm_kept = 4 if c == 4 or autocast else 2
+    norms = 2 * (4 * sb * h + norm_kept * sb * h + 4 * b * s)
+    inputs = 3 * 2 * sb * h + 2 * 2 * sb * h if autocast else 2 * c * sb * h
+    kv_heads = a_kv if attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM else a
+    qkv = c * sb * d * (a + 2 * kv_heads)
+    scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    output = c * sb * a * d
+    mlp = 4 * c * sb * I
+    casts = 2 * (2 * h * a * d + 2 * h * a_kv * d + 3 * h * I) if autocast else sympy.Integer(0)
+    return {
+        "norms": sympy.expand(norms),
+        "inputs": sympy.expand(inputs),
+        "qkv": sympy.expand(qkv),
+        "scores": sympy.expand(scores),
+        "output": sympy.expand(output),
+        "mlp": sympy.expand(mlp),
+        "weight_casts": sympy.expand(casts),
+    }
+
+
+GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 6}
+"""I-sized tensors each GeLU variant of transformers keeps for backward (besides its output).
+
+``gelu`` and ``gelu_pytorch_tanh`` are single PyTorch ops that keep their input; ``gelu_new`` (GPT-2's
+config) is written in Python, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, and autograd keeps
+x, the tanh output, 0.5x and 1 + tanh (measured); ``gelu_fast`` is derived the same way, not measured.
+"""
+
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
+
+
+def gpt2_layer_terms(
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    gelu: str = "gelu_new",
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr]:
+    """Bytes one ``GPT2Block`` of transformers keeps for backward, per tensor group.
+
+    Explanation
+    ===========
+
+    transformers' GPT-2 block: LayerNorm, a fused ``c_attn`` producing Q, K, V, attention with
+    dropout on the probabilities, ``c_proj`` and a residual dropout, LayerNorm, a GeLU MLP
+    (``c_fc``, ``c_proj``) and dropout. With c the compute bytes, M the bytes of a dropout mask
+    and S those of a LayerNorm statistic:
+
+    * ``norms`` -- each LayerNorm keeps its input (c sbh), its mean and inverse std (S bs each).
+    * ``inputs`` -- the inputs of ``c_attn`` and ``c_fc`` (the norms' outputs, c sbh each).
+    * ``qkv`` -- Q, K, V: 3c sbh (contiguous copies ``matmul`` makes of the head views).
+    * ``scores`` -- eager: the softmax output, the dropout mask and the dropped-out probabilities,
+      (2c + M) as^2b; SDPA (flash, CUDA): the log-sum-exp, 4asb.
+    * ``output`` -- the merged heads (``c_proj``'s input, c sbh) and the residual dropout mask.
+    * ``mlp`` -- the GeLU's kept tensors (:data:`GELU_KEPT`), its output (``c_proj``'s input) and
+      the dropout mask: (k + 1) c sbI + M sbh.
+
+    On CUDA dropout is the fused ``native_dropout`` and keeps a bool mask (M = 1), and LayerNorm's
+    statistics are fp32 (S = 4). On a CPU dropout multiplies by a noise tensor of the input's dtype
+    (M = c) and LayerNorm keeps its statistics in the input's dtype (S = c); ``device="cpu"`` gives
+    what the CPU measurement sees. With ``gelu_pytorch_tanh`` (k = 1), c = 2 and M = 1 this is
+    Korthikanti et al.'s 34sbh + 5as^2b plus the LayerNorm statistics (16bs).
+
+    Examples
+    ========
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.symbols import I, h
+    >>> layer = sum(gpt2_layer_terms(load_model("gpt2"), gelu="gelu_pytorch_tanh").values())
+    >>> layer.subs(I, 4 * h) - korthikanti_layer_bytes()
+    16*b*s
+
+    Parameters
+    ==========
+
+    spec : ModelSpec
+        A ``gpt``-family model.
+    attention : "eager" or "sdpa"
+    precision : "fp32", "bf16" or "fp16" (autocast is not derived for GPT-2)
+    gelu : one of :data:`GELU_KEPT`
+        The config's ``activation_function``.
+    device : "cuda" or "cpu"
+        Whose dropout and LayerNorm kernels (see above).
+
+    See Also
+    ========
+
+    hf_layer_terms, korthikanti_layer_terms
+    """
+    _check("attention", attention, ATTENTIONS)
+    _check("precision", precision, ("fp32", "bf16", "fp16"))
+    _check("gelu", gelu, tuple(GELU_KEPT))
+    _check("device", device, DEVICES)
+    if device == "cpu" and attention == "sdpa":
+        raise InputError(
+            "attention",
+            "sdpa with dropout runs PyTorch's fp32 math kernel on a CPU; only eager is derived there",
+            got=attention,
+        )
+    c, _ = _precision(precision)
+    M = c if device == "cpu" else 1
+    S = c if device == "cpu" else 4
+    sb = s * b
+    scores = (2 * c + M) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    return {
+        "norms": 2 * (c * sb * h + 2 * S * b * s),
+        "inputs": 2 * c * sb * h,
+        "qkv": 3 * c * sb * h,
+        "scores": sympy.expand(scores),
+        "output": c * sb * h + M * sb * h,
+        "mlp": (GELU_KEPT[gelu] + 1) * c * sb * I + M * sb * h,
+        "weight_casts": sympy.Integer(0),
+    }
+
+
+def hf_layer_bytes(
+    spec: ModelSpec,
+    attention: Attention = "sdpa",
+    precision: Precision = "bf16",
+    *,
+    gelu: str = "gelu_new",
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> sympy.Expr:
+    """Bytes one decoder layer keeps for backward: the sum of :func:`hf_layer_terms`.
+
+    >>> from vrammath.presets import load_model
+    >>> hf_layer_bytes(load_model("llama-7b"), "sdpa", "bf16")
+    8*I*b*s + 4*a*b*d*s + 4*a*b*s + 4*a_kv*b*d*s + 16*b*h*s + 8*b*s
+    """
+    terms = hf_layer_terms(spec, attention, precision, gelu=gelu, device=device)
+    return sympy.expand(sum(terms.values(), sympy.Integer(0)))
+
+
+def hf_logits_loss_terms(spec: ModelSpec, precision: Precision = "bf16") -> dict[str, sympy.Expr]:
+    """Bytes the output side keeps at the end of forward, and the loss's transients.
+
+    Explanation
+    ===========
+
+    transformers' causal-LM loss upcasts the logits (``logits.float()``) and runs
+    ``cross_entropy`` = ``log_softmax`` + ``nll_loss``. ``log_softmax`` keeps its fp32 output
+    (4sbV) for backward; ``nll_loss`` keeps the shifted labels (int64, 8bs) and two scalars. The
+    logits themselves are not kept once the model's output is dropped, but they and the fp32
+    copy are alive while the loss is computed:
+
+    * ``kept`` -- 4sbV + 8bs + 8 (the log-softmax output, the labels, the loss and total weight);
+      at b = 1 the shifted labels stay a view of the padded labels, which are 8 bytes longer
+      (the Kronecker delta).
+    * ``forward_transient`` -- extra at the loss's peak: the logits (c sbV) and, for 16-bit
+      logits, their fp32 copy (4sbV).
+    * ``backward_transient`` -- extra at the start of backward: the gradient of the log-softmax
+      output and of its input (4sbV each), then the 16-bit cast of the latter.
+
+    >>> from vrammath.presets import load_model
+    >>> hf_logits_loss_terms(load_model("qwen2-72b"), "bf16")["kept"]
+    4*V*b*s + 8*b*s + 8*KroneckerDelta(1, b) + 8
+    """
+    c, _ = _precision(precision)
+    sb = s * b
+    return {
+        "kept": 4 * sb * V + 8 * sb + 8 + 8 * sympy.KroneckerDelta(b, 1),
+        "forward_transient": c * sb * V + (4 * sb * V if c == 2 else 0),
+        "backward_transient": 8 * sb * V,
+    }
+
+
+def hf_logits_loss_bytes(spec: ModelSpec, precision: Precision = "bf16") -> sympy.Expr:
+    """Bytes the logits and the loss keep at the end of forward: 4sbV + 8bs + 8 (+8 at b = 1).
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.symbols import b, s, V
+    >>> float(hf_logits_loss_bytes(load_model("qwen2-72b")).subs({b: 1, s: 4096, V: 152064})) / 2**30
+    2.320343032479286
+    """
+    return sympy.expand(hf_logits_loss_terms(spec, precision)["kept"])
+
+
+def hf_activation_terms(
+    spec: ModelSpec,
+    attention: Attention = "sdpa",
+    precision: Precision = "bf16",
+    recompute: HfRecompute = "none",
+    *,
+    gelu: str = "gelu_new",
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr]:
+    """Every tensor group the whole model keeps for backward at the end of forward.
+
+    Explanation
+    ===========
+
+    ``layers`` is L times :func:`hf_layer_bytes` without recomputation; with full recomputation
+    (transformers' ``gradient_checkpointing_enable()``, non-reentrant checkpoints per decoder
+    layer) each layer keeps only its input, L s b h in the residual stream's dtype, and the
+    checkpoints share the tensors every layer receives: the eager (b, 1, s, s) additive mask in
+    the parameters' dtype and LLaMA's (1, s) int64 position ids.
+
+    One corner is not in the formula: eager attention with a single KV head (MQA) at b = 1,
+    where ``repeat_kv`` and ``matmul`` keep stride-0 views and V is kept at a_kv d, not a d. The rest:
+    RoPE's cos and sin (one (s, d) table each, shared by all layers and the batch), the final
+    norm and the LM head's input, the LM head's 16-bit weight copy under autocast, and
+    :func:`hf_logits_loss_bytes`.
+
+    GPT-2 adds the embedding dropout mask, keeps its position ids and one more int64 (b, s)
+    tensor, and has no RoPE (see :func:`gpt2_layer_terms` for ``gelu`` and ``device``).
+
+    >>> from vrammath.presets import load_model
+    >>> sorted(hf_activation_terms(load_model("llama-7b")))
+    ['final_norm', 'head_input', 'head_weight_cast', 'layers', 'logits_loss', 'rope']
+    """
+    _check("recompute", recompute, HF_RECOMPUTE)
+    c, autocast = _precision(precision)
+    res = _residual_bytes(precision)
+    sb = s * b
+    if recompute == "full":
+        layers = L * res * sb * h
+        if attention == "eager":  # the checkpoints also hold the (b, 1, s, s) additive mask
+            layers += res * b * s**2
+        if spec.family == "llama":  # ... and the (1, s) int64 position ids
+            layers += 8 * s
+    else:
+        layers = L * hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device)
+    terms: dict[str, sympy.Expr] = {"layers": layers}
+    if spec.family == "llama":
+        norm_kept = 4 if c == 4 or autocast else 2
+        terms["rope"] = 2 * s * d * res
+        terms["final_norm"] = 4 * sb * h + norm_kept * sb * h + 4 * b * s
+    else:
+        mask = c if device == "cpu" else 1
+        stats = c if device == "cpu" else 4
+        terms["embedding_dropout"] = mask * sb * h
+        terms["positions"] = 8 * s  # int64 position ids kept by the position embedding
+        terms["final_norm"] = c * sb * h + 2 * stats * b * s
+        terms["labels_copy"] = 8 * sb  # one more int64 (b, s) tensor GPT-2 keeps (measured)
+    terms["head_input"] = (2 if autocast else c) * sb * h
+    terms["head_weight_cast"] = 2 * V * h if autocast else sympy.Integer(0)
+    terms["logits_loss"] = hf_logits_loss_bytes(spec, precision)
+    return {k: sympy.expand(v) for k, v in terms.items()}
+
+
+def hf_activation_bytes(
+    spec: ModelSpec,
+    attention: Attention = "sdpa",
+    precision: Precision = "bf16",
+    recompute: HfRecompute = "none",
+    *,
+    gelu: str = "gelu_new",
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> sympy.Expr:
+    """Total bytes kept for backward at the end of forward (sum of :func:`hf_activation_terms`).
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.params import size_values
+    >>> from vrammath.symbols import b, s
+    >>> spec = load_model("llama-7b")
+    >>> e = hf_activation_bytes(spec, "sdpa", "bf16")
+    >>> round(e.subs({**size_values(spec), b: 1, s: 4096}) / 2**30, 2)
+    23.38
+    """
+    terms = hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
+    return sympy.expand(sum(terms.values(), sympy.Integer(0)))
+
+
+def activation_exprs(
+    spec: ModelSpec,
+    attention: Attention = "sdpa",
+    precision: Precision = "bf16",
+    recompute: HfRecompute = "none",
+    *,
+    gelu: str = "gelu_new",
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr]:
+    """Named components for an estimate: ``activations`` (layers + rest) and ``logits_loss``.
+
+    >>> from vrammath.presets import load_model
+    >>> sorted(activation_exprs(load_model("gpt2")))
+    ['activations', 'logits_loss']
+    """
+    terms = hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
+    logits = terms.pop("logits_loss")
+    return {
+        "activations": sympy.expand(sum(terms.values(), sympy.Integer(0))),
+        "logits_loss": logits,
+    }
+
+
+__all__ = [
+    "ATTENTIONS",
+    "DEVICES",
+    "GELU_KEPT",
+    "HF_RECOMPUTE",
+    "PARALLEL",
+    "PRECISIONS",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "SDPA_GQA_MAX_HEAD_DIM",
+    "activation_exprs",
+    "gpt2_layer_terms",
+    "hf_activation_bytes",
+    "hf_activation_terms",
+    "hf_layer_bytes",
+    "hf_layer_terms",
+    "hf_logits_loss_bytes",
+    "hf_logits_loss_terms",
+    "korthikanti_extra_terms",
+    "korthikanti_first_stage_bytes",
+    "korthikanti_interleave_factor",
+    "korthikanti_layer_bytes",
+    "korthikanti_layer_terms",
+]

@@ -1,0 +1,169 @@
+"""Build the real Hugging Face model of a :class:`~vrammath.model.ModelSpec`, without weights.
+
+Nothing here is imported at package import time: torch and transformers are loaded inside the
+functions, so ``vrammath`` (and its doctests) work without the ``measure`` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from vrammath.errors import InputError, one_of
+from vrammath.model import ModelSpec, from_hf_config
+
+if TYPE_CHECKING:
+    import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")
+ATTENTIONS = ("eager", "sdpa")
+
+# the states.py recipe each measured precision corresponds to
+RECIPE_OF = {
+    "fp32": "fp32",
+    "bf16": "bf16-pure",
+    "fp16": "bf16-pure",  # same byte widths; fp16 pure is not a named recipe
+    "autocast-bf16": "autocast-bf16",
+    "autocast-fp16": "autocast-fp16",
+}
+
+
+def as_spec(model: ModelSpec | str | Mapping[str, object]) -> ModelSpec:
+    """A ModelSpec from a spec, a preset name or a config.json dict."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        from vrammath.presets import load_model
+
+        return load_model(model)
+    return from_hf_config(model)
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    """dtype the model is built in: 16-bit for pure 16-bit runs, fp32 otherwise (autocast too)."""
+    import torch
+
+    if precision not in PRECISIONS:
+        raise one_of("precision", precision, PRECISIONS)
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """dtype of autocast for ``autocast-*`` precisions, else None."""
+    import torch
+
+    return {"autocast-bf16": torch.bfloat16, "autocast-fp16": torch.float16}.get(precision)
+
+
+def gelu_of(model: ModelSpec | str | Mapping[str, object]) -> str:
+    """GPT-2's ``activation_function`` from a preset name or a config dict (ModelSpec has none)."""
+    if isinstance(model, ModelSpec):
+        return "gelu_new"
+    if isinstance(model, str):
+        from vrammath.presets import raw_config
+
+        model = raw_config(model)
+    return str(model.get("activation_function", "gelu_new"))
+
+
+def hf_config(
+    spec: ModelSpec,
+    *,
+    attention: str = "sdpa",
+    layers: int | None = None,
+    gelu: str = "gelu_new",
+) -> Any:
+    """The transformers config object for ``spec`` (``layers`` overrides the layer count).
+
+    ``gelu`` is GPT-2's ``activation_function`` (ModelSpec does not record it).
+    """
+    import transformers
+
+    if attention not in ATTENTIONS:
+        raise one_of("attention", attention, ATTENTIONS)
+    n_layers = spec.layers if layers is None else layers
+    if spec.family == "gpt":
+        cfg = transformers.GPT2Config(
+            n_embd=spec.hidden,
+            n_layer=n_layers,
+            n_head=spec.heads,
+            n_inner=spec.intermediate,
+            vocab_size=spec.vocab,
+            n_positions=spec.max_positions,
+            tie_word_embeddings=spec.tied_embeddings,
+            activation_function=gelu,
+        )
+    else:
+        common: dict[str, Any] = {
+            "hidden_size": spec.hidden,
+            "intermediate_size": spec.intermediate,
+            "num_hidden_layers": n_layers,
+            "num_attention_heads": spec.heads,
+            "num_key_value_heads": spec.kv_heads,
+            "head_dim": spec.head_dim,
+            "vocab_size": spec.vocab,
+            "tie_word_embeddings": spec.tied_embeddings,
+            "max_position_embeddings": spec.max_positions,
+        }
+        if spec.model_type == "qwen2":
+            cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
+        elif spec.model_type == "mistral":
+            cfg = transformers.MistralConfig(**common, sliding_window=spec.sliding_window)
+        else:
+            cfg = transformers.LlamaConfig(
+                **common, attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias
+            )
+    cfg._attn_implementation = attention
+    cfg.use_cache = False
+    return cfg
+
+
+def build_model(
+    spec: ModelSpec,
+    *,
+    precision: str,
+    attention: str,
+    layers: int | None = None,
+    gelu: str = "gelu_new",
+) -> torch.nn.Module:
+    """The HF causal-LM model for ``spec`` in the dtype ``precision`` builds it in (train mode).
+
+    Call it inside ``FakeTensorMode`` to allocate nothing, or under a ``torch.device`` context.
+    """
+    import transformers
+
+    cfg = hf_config(spec, attention=attention, layers=layers, gelu=gelu)
+    cls = {
+        "gpt2": transformers.GPT2LMHeadModel,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "mistral": transformers.MistralForCausalLM,
+    }.get(spec.model_type, transformers.LlamaForCausalLM)
+    model = cls._from_config(cfg, dtype=param_dtype(precision))
+    model.train()
+    return model
+
+
+@contextmanager
+def real_training_masks() -> Iterator[None]:
+    """Run transformers' masking as real training does (``is_causal``, no materialised mask).
+
+    Under fake tensors transformers cannot see that the position ids are one plain sequence, so
+    it builds a (b, 1, s, s) mask for packed sequences that SDPA then keeps per layer. This
+    patches ``find_packed_sequence_indices`` to answer "not packed" (None) while measuring.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def check_positive(field: str, value: int) -> int:
+    """``value`` if a positive int, else an InputError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(field, "must be a positive integer", got=value)
+    return value

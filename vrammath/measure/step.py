@@ -1,0 +1,455 @@
+"""Count the memory of real training steps with PyTorch: fake tensors on a CPU, or a CUDA GPU.
+
+``measure_training_step`` builds the Hugging Face model of a ModelSpec, runs ``steps`` training
+iterations (forward with HF's own causal-LM loss, backward, ``optimizer.step()``,
+``optimizer.zero_grad()``), and reports bytes per category and per phase for every iteration.
+
+* ``device="cpu"`` (default): inside ``FakeTensorMode`` under PyTorch's ``MemTracker`` --
+  exact bytes of every tensor, nothing allocated. Categories are MemTracker's: Parameter, Buffer,
+  Gradient, Activation (created in forward), Temp (created in backward), Optstate (optimizer
+  states and the temporaries of ``step()``).
+* ``device="cuda"``: real tensors on the GPU, counted by the CUDA caching allocator
+  (``memory_allocated`` at phase ends, ``max_memory_allocated`` per phase after
+  ``reset_peak_memory_stats``). Parameters, gradients and optimizer states are summed from the
+  tensors themselves; the rest of the allocator's total is reported as "Activation" (forward) or
+  "Temp" (backward, step).
+
+ZeRO-3 is FSDP2 (``fully_shard`` per decoder layer and on the root) over a fake process group of
+``zero3_ranks`` ranks, counted with ``FSDPMemTracker`` on the CPU path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from vrammath.errors import InputError, one_of
+from vrammath.measure.build import (
+    ATTENTIONS,
+    PRECISIONS,
+    as_spec,
+    autocast_dtype,
+    build_model,
+    check_positive,
+    gelu_of,
+    real_training_masks,
+)
+from vrammath.model import ModelSpec
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
+IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+RECOMPUTE = ("none", "full")
+CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
+PHASES = ("forward", "backward", "step", "zero_grad")
+
+
+def _lean_tracker(base: Any) -> Any:
+    """A MemTracker (or FSDPMemTracker) subclass that keeps only the global peak.
+
+    MemTracker updates the peak of every active module after every op, which makes a step cost
+    O(L^2) in the number of layers (minutes for 80 layers); the phase peaks need only the global
+    one.
+    """
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    class Lean(base):  # type: ignore[misc, valid-type]
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for dev, dev_snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(dev_snap)
+
+    return Lean
+
+
+def _enable_checkpointing(model: Any) -> None:
+    """transformers' per-layer activation checkpointing, non-reentrant (what training uses)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:  # transformers before 5.x
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _make_optimizer(params: Any, optimizer: str, implementation: str) -> Any:
+    import torch
+
+    if optimizer not in OPTIMIZERS:
+        raise one_of("optimizer", optimizer, OPTIMIZERS)
+    if implementation not in IMPLEMENTATIONS:
+        raise one_of("implementation", implementation, IMPLEMENTATIONS)
+    impl = {
+        "for-loop": {"foreach": False, "fused": False},
+        "foreach": {"foreach": True, "fused": False},
+        "fused": {"foreach": False, "fused": True},
+    }[implementation]
+    if optimizer in ("adamw", "adam"):
+        cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+        return cls(params, lr=1e-4, **impl)
+    if implementation == "fused":
+        raise InputError("implementation", "SGD has no fused variant here", got=implementation)
+    momentum = 0.9 if optimizer == "sgd-momentum" else 0.0
+    return torch.optim.SGD(params, lr=1e-3, momentum=momentum, foreach=impl["foreach"])
+
+
+class _Phases:
+    """Per-phase current and peak snapshots out of a MemTracker (or the CUDA allocator)."""
+
+    def __init__(self, tracker: Any, cuda: bool, states: Any = None) -> None:
+        self.tracker = tracker
+        self.cuda = cuda
+        self.states = states  # callable giving {category: bytes} of model states (CUDA path)
+
+    def _snapshot(self, kind: str) -> dict[str, int]:
+        if self.cuda:
+            import torch
+
+            total = (
+                torch.cuda.max_memory_allocated()
+                if kind == "peak"
+                else torch.cuda.memory_allocated()
+            )
+            return {"Total": int(total)}
+        snap = self.tracker.get_tracker_snapshot(kind)
+        out = dict.fromkeys(CATEGORIES, 0)
+        out["Total"] = 0
+        for dev_snap in snap.values():
+            for key, value in dev_snap.items():
+                name = getattr(key, "value", key)
+                out[str(name)] = out.get(str(name), 0) + int(value)
+        return out
+
+    def _reset_peak(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            return
+        # MemTracker has no public reset of its peak: restart it at the current snapshot.
+        current = self.tracker.get_tracker_snapshot("current")
+        self.tracker._peak_mem_snap = copy.deepcopy(current)
+        self.tracker._peak_mem = {dev: snap["Total"] for dev, snap in current.items()}
+
+    @contextlib.contextmanager
+    def phase(self, record: dict[str, Any], name: str, fill: str) -> Iterator[None]:
+        self._reset_peak()
+        start = time.perf_counter()
+        yield
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        end = self._snapshot("current")
+        peak = self._snapshot("peak")
+        if self.cuda:
+            states = self.states()
+            end = _split_cuda(end["Total"], states, fill)
+            peak = _split_cuda(peak["Total"], states, fill)
+        record[name] = {"end": end, "peak": peak, "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _split_cuda(total: int, states: dict[str, int], fill: str) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    out.update(states)
+    out[fill] = total - sum(states.values())
+    out["Total"] = total
+    return out
+
+
+def _tensor_bytes(tensors: Any) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += st.nbytes()
+    return total
+
+
+def measure_training_step(
+    model: ModelSpec | str | Mapping[str, object],
+    *,
+    batch: int = 1,
+    seq: int = 512,
+    precision: str = "bf16",
+    attention: str = "sdpa",
+    recompute: str = "none",
+    optimizer: str = "adamw",
+    implementation: str = "foreach",
+    zero3_ranks: int | None = None,
+    steps: int = 2,
+    layers: int | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Run ``steps`` training iterations of the real HF model and count their memory.
+
+    Returns a dict with the setup, the torch/transformers versions, and ``iterations``: one
+    record per iteration, each phase (forward, backward, step, zero_grad) with ``end`` and
+    ``peak`` snapshots ({category: bytes, "Total": bytes}); ``first`` is iteration 1 and
+    ``steady`` the last one (optimizer states already exist, gradients were freed by
+    ``zero_grad(set_to_none=True)``). Under ZeRO-3 the numbers are per rank.
+    """
+    import torch
+    import transformers
+
+    spec = as_spec(model)
+    gelu = gelu_of(model)
+    if precision not in PRECISIONS:
+        raise one_of("precision", precision, PRECISIONS)
+    if attention not in ATTENTIONS:
+        raise one_of("attention", attention, ATTENTIONS)
+    if recompute not in RECOMPUTE:
+        raise one_of("recompute", recompute, RECOMPUTE)
+    if device not in ("cpu", "cuda"):
+        raise one_of("device", device, ("cpu", "cuda"))
+    check_positive("batch", batch)
+    check_positive("seq", seq)
+    check_positive("steps", steps)
+    if zero3_ranks is not None:
+        check_positive("zero3_ranks", zero3_ranks)
+        if device == "cuda":
+            raise InputError(
+                "zero3_ranks", "ZeRO-3 is measured on the CPU path only", got=zero3_ranks
+            )
+
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "model": spec.name,
+        "setup": {
+            "batch": batch,
+            "seq": seq,
+            "precision": precision,
+            "attention": attention,
+            "recompute": recompute,
+            "optimizer": optimizer,
+            "implementation": implementation,
+            "zero3_ranks": zero3_ranks,
+            "steps": steps,
+            "layers": spec.layers if layers is None else layers,
+            "device": device,
+            "gelu": gelu if spec.family == "gpt" else None,
+        },
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    if device == "cuda":
+        iterations = _run_cuda(
+            spec,
+            batch,
+            seq,
+            precision,
+            attention,
+            recompute,
+            optimizer,
+            implementation,
+            steps,
+            layers,
+            gelu,
+        )
+    else:
+        iterations = _run_fake(
+            spec,
+            batch,
+            seq,
+            precision,
+            attention,
+            recompute,
+            optimizer,
+            implementation,
+            zero3_ranks,
+            steps,
+            layers,
+            gelu,
+        )
+    result["iterations"] = iterations
+    result["first"] = iterations[0]
+    result["steady"] = iterations[-1]
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def _loop(
+    model: Any,
+    opt: Any,
+    phases: _Phases,
+    ids: Any,
+    precision: str,
+    device_type: str,
+    steps: int,
+    start_snapshot: Any,
+) -> list[dict[str, Any]]:
+    import torch
+
+    cast = autocast_dtype(precision)
+    iterations = []
+    for _ in range(steps):
+        if phases.tracker is not None:
+            phases.tracker.reset_mod_stats()  # MemTracker refuses a second call otherwise
+        record: dict[str, Any] = {"start": start_snapshot()}
+        with phases.phase(record, "forward", "Activation"):
+            ctx = (
+                torch.autocast(device_type=device_type, dtype=cast)
+                if cast is not None
+                else contextlib.nullcontext()
+            )
+            with ctx:
+                loss = model(input_ids=ids, labels=ids).loss
+        with phases.phase(record, "backward", "Temp"):
+            loss.backward()
+            del loss
+        with phases.phase(record, "step", "Temp"):
+            opt.step()
+        with phases.phase(record, "zero_grad", "Temp"):
+            opt.zero_grad(set_to_none=True)
+        iterations.append(record)
+    return iterations
+
+
+def _run_fake(
+    spec: ModelSpec,
+    batch: int,
+    seq: int,
+    precision: str,
+    attention: str,
+    recompute: str,
+    optimizer: str,
+    implementation: str,
+    zero3_ranks: int | None,
+    steps: int,
+    layers: int | None,
+    gelu: str = "gelu_new",
+) -> list[dict[str, Any]]:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    group = contextlib.ExitStack()
+    with group:
+        mesh = None
+        if zero3_ranks is not None:
+            mesh = group.enter_context(_fake_process_group(zero3_ranks))
+        with real_training_masks(), FakeTensorMode():
+            torch.manual_seed(0)
+            model = build_model(
+                spec, precision=precision, attention=attention, layers=layers, gelu=gelu
+            )
+            if recompute == "full":
+                _enable_checkpointing(model)
+            if mesh is not None:
+                from torch.distributed.fsdp import fully_shard
+
+                for block in _decoder_layers(model):
+                    fully_shard(block, mesh=mesh)
+                fully_shard(model, mesh=mesh)
+            opt = _make_optimizer(model.parameters(), optimizer, implementation)
+            ids = torch.randint(0, spec.vocab, (batch, seq))
+            if mesh is not None:
+                from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+                tracker = _lean_tracker(FSDPMemTracker)(model, opt)
+            else:
+                tracker = _lean_tracker(MemTracker)()
+                tracker.track_external(model, opt)
+            phases = _Phases(tracker, cuda=False)
+            with tracker:
+                return _loop(
+                    model,
+                    opt,
+                    phases,
+                    ids,
+                    precision,
+                    "cpu",
+                    steps,
+                    lambda: phases._snapshot("current"),
+                )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    inner = getattr(model, "model", None) or getattr(model, "transformer", None)
+    blocks = getattr(inner, "layers", None)
+    if blocks is None:
+        blocks = inner.h
+    return list(blocks)
+
+
+@contextlib.contextmanager
+def _fake_process_group(world: int) -> Iterator[Any]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), world_size=world, rank=0)
+    try:
+        yield init_device_mesh("cpu", (world,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_cuda(
+    spec: ModelSpec,
+    batch: int,
+    seq: int,
+    precision: str,
+    attention: str,
+    recompute: str,
+    optimizer: str,
+    implementation: str,
+    steps: int,
+    layers: int | None,
+    gelu: str = "gelu_new",
+) -> list[dict[str, Any]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InputError("device", "cuda was asked for and no CUDA GPU is visible", got="cuda")
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    with real_training_masks(), torch.device("cuda"):
+        torch.manual_seed(0)
+        model = build_model(
+            spec, precision=precision, attention=attention, layers=layers, gelu=gelu
+        )
+        if recompute == "full":
+            _enable_checkpointing(model)
+        opt = _make_optimizer(model.parameters(), optimizer, implementation)
+        ids = torch.randint(0, spec.vocab, (batch, seq))
+    params = list(model.parameters())
+    buffers = list(model.buffers())
+
+    def states() -> dict[str, int]:
+        opt_tensors = [
+            v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)
+        ]
+        return {
+            "Parameter": _tensor_bytes(params),
+            "Buffer": _tensor_bytes(buffers),
+            "Gradient": _tensor_bytes(p.grad for p in params),
+            "Optstate": _tensor_bytes(t for t in opt_tensors if t.is_cuda),
+            "Other": _tensor_bytes([ids]) + base,
+        }
+
+    phases = _Phases(None, cuda=True, states=states)
+
+    def start() -> dict[str, int]:
+        return _split_cuda(torch.cuda.memory_allocated(), states(), "Activation")
+
+    iterations = _loop(model, opt, phases, ids, precision, "cuda", steps, start)
+    stats = torch.cuda.memory_stats()
+    iterations[-1]["allocator"] = {
+        k: int(v)
+        for k, v in stats.items()
+        if k.startswith(("reserved_bytes.all", "allocated_bytes.all", "num_alloc_retries"))
+    }
+    return iterations
+
+
+__all__ = ["CATEGORIES", "IMPLEMENTATIONS", "OPTIMIZERS", "PHASES", "measure_training_step"]
