@@ -125,9 +125,22 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def measure(session: nox.Session) -> None:
-    """Measure real models with PyTorch's memory tracker and compare with vrammath (validation)."""
+    """Measure real models with PyTorch's memory tracker and compare with vrammath (validation).
+
+    Runs the measurement tests, then re-measures the validation matrix and diffs it against the
+    committed validation/matrix.json (a changed number fails). `nox -s measure -- --regenerate`
+    rewrites the committed file instead.
+    """
     session.install(*MEASURE_DEPS, *_group("test"), "-e", ".")
-    session.run("pytest", "-m", "measure or gpu", "tests/measure", *session.posargs)
+    regenerate = "--regenerate" in session.posargs
+    args = [a for a in session.posargs if a != "--regenerate"]
+    session.run("pytest", "-m", "measure or gpu", "tests/measure", *args)
+    matrix = ["python", "-m", "vrammath.measure.matrix"]
+    if regenerate:
+        session.run(*matrix, "--out", "validation/matrix.json")
+    else:
+        fresh = Path(session.create_tmp()).resolve() / "matrix.json"
+        session.run(*matrix, "--out", str(fresh), "--diff", "validation/matrix.json")
 
 
 @nox.session

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import sympy
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vrammath.cli import main
@@ -320,6 +320,7 @@ def test_ranking_orders_by_step_saving() -> None:
 # --- sweeps -----------------------------------------------------------------------------------
 
 
+@settings(max_examples=15)  # each example re-runs estimate(): keep the suite inside CI's budget
 @given(
     n_d=st.lists(st.integers(1, 4096), min_size=1, max_size=5),
     stage=st.sampled_from([0, 1, 2, 3]),
@@ -332,6 +333,7 @@ def test_sweep_matches_estimate(n_d: list[int], stage: int, model: str) -> None:
     assert out.tolist() == expected
 
 
+@settings(max_examples=15)  # each example substitutes into sympy: see above
 @given(bs=st.lists(st.tuples(st.integers(1, 64), st.integers(1, 32768)), min_size=1, max_size=10))
 def test_sweep_matches_exact_with_b_and_s(bs: list[tuple[int, int]]) -> None:
     est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))

@@ -446,6 +446,9 @@ def _activation_components(setup: Setup, values: dict[sympy.Symbol, int]) -> lis
         recompute = "full" if setup.recompute == "full" else "none"
         exprs = activation_exprs(spec, setup.attention, precision, recompute)  # type: ignore[arg-type]
         how = f"{spec.model_type} as transformers runs it, {setup.attention}, {precision}"
+        if setup.lora_rank is not None:
+            # frozen linears keep no inputs for weight gradients: an upper bound under LoRA
+            how += "; full fine-tuning's count, an upper bound with a frozen base"
         return [
             Component(
                 "activations",
