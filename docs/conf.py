@@ -60,11 +60,12 @@ math_eqref_format = "({number})"
 numfig_secnum_depth = 0
 
 # --- MyST-NB execution -----------------------------------------------------------------------
-_SOURCE_GLOBS = (("vrammath", "**/*.py"), ("conf", "**/*"))
+# the package, the presets, and the measured data the validation pages read
+_SOURCE_GLOBS = (("vrammath", "**/*.py"), ("conf", "**/*"), ("validation", "*.json"))
 
 
 def sources_hash() -> str:
-    """SHA-256 (first 16 hex digits) of vrammath's Python sources and conf/, paths included."""
+    """SHA-256 (first 16 hex digits) of vrammath's sources, conf/ and validation/, paths included."""
     digest = hashlib.sha256()
     for folder, pattern in _SOURCE_GLOBS:
         base = ROOT / folder
@@ -211,6 +212,7 @@ nitpick_ignore_regex = [
     (r"py:class", r"(Ellipsis|ellipsis|EllipsisType|types\..*)"),
     (r"py:class", r"(ValueError|Exception|TypeError|KeyError)"),
     (r"py:class", r"(fractions|decimal|enum|functools)\..*"),
+    (r"py:class", r"npt\..*"),  # numpy.typing, imported for annotations only
 ]
 
 # --- doctest builder ----------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from vrammath.estimate import Setup, estimate
 from vrammath.model import ModelSpec
 from vrammath.parallel import convention_bytes
 from vrammath.params import param_count
+from vrammath.peak import RECIPE_OF
 from vrammath.presets import load_model, raw_config
 from vrammath.symbols import N_d, P
 
@@ -145,7 +146,7 @@ def vrammath_states(case: Case, spec: ModelSpec) -> dict[str, Any]:
             for c in est.components
             if c.device == "gpu" and c.key in STATE_KEYS and c.bytes
         },
-        "gpu_total_with_step_temporaries": est.gpu_bytes,
+        "gpu_peak": est.gpu_bytes,  # the step's peak at b = 1, s = 2048, activations included
         "cpu_bytes": est.cpu_bytes,
         "expr": str(sum((c.expr for c in est.components if c.key in STATE_KEYS and c.expr), 0)),
     }
@@ -298,11 +299,15 @@ def find_measured(case: Case, rows: list[dict[str, Any]]) -> dict[str, Any] | No
         setup = row.get("setup", row)
         if not isinstance(setup, dict) or row.get("model", setup.get("model")) != case.model:
             continue
+        # matrix rows name a precision (peak.RECIPE_OF maps it) and zero3_ranks (None: unsharded)
+        recipe = setup.get("recipe") or RECIPE_OF.get(str(setup.get("precision")), "")
+        ranks = setup.get("gpus") or setup.get("zero3_ranks") or 1
+        stage = setup.get("zero", 3 if setup.get("zero3_ranks") else 0)
         same = (
-            setup.get("recipe", "bf16-mixed") == case.recipe
+            recipe == case.recipe
             and setup.get("optimizer", "adamw") == "adamw"
-            and int(setup.get("zero", 0)) == case.config["zero"]
-            and int(setup.get("gpus", setup.get("zero3_ranks", 1))) == case.config["gpus"]
+            and int(stage) == case.config["zero"]
+            and int(ranks) == case.config["gpus"]
             and not setup.get("offload_optimizer")
             and not case.config.get("offload_optimizer")
         )
@@ -330,8 +335,8 @@ REASONS = {
         "layer) where vrammath counts two gathered 16-bit decoder layers, so wide-vocabulary "
         "models (Qwen2) and small models (GPT-2) come out far higher; with optimizer offload "
         "the two agree at ZeRO-2 (2P each) and differ by the gathered term at ZeRO-3; with "
-        "parameter offload too vrammath counts no GPU model states at all (its gathered term is "
-        "dropped, see the lead's note) while DeepSpeed keeps 4 x largest module"
+        "parameter offload too, the GPU keeps only the layers being computed: vrammath's two "
+        "gathered 16-bit decoder layers against DeepSpeed's 4 bytes x the largest module"
     ),
     "accelerate": (
         "reports the largest single entry (optimizer states 8P in fp32 for bf16 training) rather "

@@ -231,7 +231,7 @@ class Estimate:
 
     @property
     def gpu_bytes(self) -> int:
-        """The peak per GPU: the largest phase of the iteration (what must fit)."""
+        """The peak per GPU, the largest phase of the iteration (what must fit)."""
         return _value(self.gpu_expr(), self.values)
 
     @property

@@ -330,7 +330,7 @@ class ServeEstimate:
 
     @property
     def reserve_bytes(self) -> int:
-        """The stated runtime reserve: ``(1 - gpu_util)`` of the GPU (0 without a GPU)."""
+        """The stated runtime reserve, ``(1 - gpu_util)`` of the GPU (0 without a GPU)."""
         spec = self.gpu_spec
         return 0 if spec is None else spec.bytes - int(spec.bytes * self.setup.gpu_util)
 

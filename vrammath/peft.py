@@ -136,7 +136,7 @@ class AdaptedLinear:
 
     @property
     def params(self) -> sympy.Expr:
-        """Trainable parameters of one such module: r (in + out)."""
+        """Trainable parameters of one such module, r (in + out)."""
         return r * (self.in_features + self.out_features)
 
 

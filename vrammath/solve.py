@@ -35,8 +35,8 @@ The budget is the GPU's total memory as the driver reports it, less a fraction k
 cuBLAS/cuDNN workspaces and NCCL's buffers. The default reserve, :data:`DEFAULT_RESERVE_BYTES`
 (1 GiB), is a round upper figure for a PyTorch process that has initialised CUDA: PyTorch's
 switch to CUDA lazy module loading measured a bare context at 287,047,680 bytes (666,632,192
-bytes loading every module eagerly) [3]_, users report 781 MB in ``nvidia-smi`` for a first tensor
-[4]_, and cuBLAS workspaces and NCCL buffers come on top. Measure yours with ``nvidia-smi``
+bytes loading every module eagerly; reference 3), users report 781 MB in ``nvidia-smi`` for a first tensor
+(reference 4), and cuBLAS workspaces and NCCL buffers come on top. Measure yours with ``nvidia-smi``
 after a first matmul and collective, and pass it as ``reserve_bytes``.
 
 Examples
