@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -430,7 +431,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         print(f"vrammath: error: {exc}", file=sys.stderr)
         return 2
-    print(out)
+    try:
+        print(out, flush=True)
+    except BrokenPipeError:  # the reader left early (``| head``): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
