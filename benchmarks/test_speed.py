@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import sympy
 
-from vrammath.estimate import Component, Estimate, Setup, estimate
+from vrammath.estimate import Component, Estimate, estimate
 from vrammath.presets import load_model
+from vrammath.setup import Setup
 from vrammath.solve import sweep
 from vrammath.symbols import N_d, b, s
 

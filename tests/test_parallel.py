@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vrammath.errors import InputError
-from vrammath.estimate import Setup, estimate
+from vrammath.estimate import estimate
 from vrammath.parallel import (
     convention_bytes,
     shard_model_states,
@@ -20,6 +20,7 @@ from vrammath.parallel import (
 )
 from vrammath.params import param_count
 from vrammath.presets import load_model
+from vrammath.setup import Setup
 from vrammath.symbols import K, N_d, P
 
 # ZeRO (arXiv:1910.02054) Table 1, 7.5B model, GB = 1e9 bytes: P_os, P_os+g, P_os+g+p as printed.

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vrammath.errors import InputError
-from vrammath.estimate import Setup, estimate
+from vrammath.estimate import estimate
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values
 from vrammath.peft import (
@@ -28,6 +28,7 @@ from vrammath.peft import (
     quantized_tensors,
 )
 from vrammath.presets import load_model, raw_config
+from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import b, r, s
 

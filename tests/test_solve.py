@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from vrammath.cli import main
 from vrammath.errors import InputError
-from vrammath.estimate import Estimate, Setup, estimate, with_changes
+from vrammath.estimate import Estimate, estimate
 from vrammath.presets import gpu, load_model
+from vrammath.setup import Setup, with_changes
 from vrammath.solve import (
     DEFAULT_RESERVE_BYTES,
     Budget,

@@ -55,12 +55,13 @@ from typing import Any
 import sympy
 
 import vrammath
-from vrammath.estimate import Setup, estimate
+from vrammath.estimate import estimate
 from vrammath.model import ModelSpec
 from vrammath.parallel import convention_bytes
 from vrammath.params import param_count
 from vrammath.peak import RECIPE_OF
 from vrammath.presets import load_model, raw_config
+from vrammath.setup import Setup
 from vrammath.symbols import N_d, P
 
 ROOT = Path(__file__).resolve().parent.parent

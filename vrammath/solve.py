@@ -42,13 +42,14 @@ after a first matmul and collective, and pass it as ``reserve_bytes``.
 Examples
 ========
 
->>> from vrammath.estimate import Setup, estimate
+>>> from vrammath.estimate import estimate
+>>> from vrammath.setup import Setup
 >>> from vrammath.presets import load_model
 >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8, gpu="A100-40GB"))
 >>> sol = fewest_gpus(est)
 >>> sol.method, sol.verified
 ('closed-form', True)
->>> from vrammath.estimate import with_changes
+>>> from vrammath.setup import with_changes
 >>> estimate(with_changes(est.setup, gpus=sol.value)).gpu_bytes == sol.bytes <= sol.limit
 True
 >>> estimate(with_changes(est.setup, gpus=sol.value - 1)).gpu_bytes > sol.limit
@@ -87,10 +88,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import sympy
 
 from vrammath.errors import InputError, positive_int
-from vrammath.estimate import RECOMPUTE, Estimate, Setup, estimate, with_changes
+from vrammath.estimate import Estimate, estimate
 from vrammath.parallel import STAGES, zero_communication_elements
 from vrammath.params import layer_param_count
 from vrammath.presets import gpu
+from vrammath.setup import RECOMPUTE, Setup, with_changes
 from vrammath.symbols import N_d, b, by_name, p, s, t
 from vrammath.units import GiB, fmt_bytes
 
@@ -790,7 +792,8 @@ def sensitivities(
 ) -> tuple[Sensitivity, ...]:
     """d(bytes)/d(knob) for every estimated GPU component and for the ``"total"``.
 
-    >>> from vrammath.estimate import Setup, estimate
+    >>> from vrammath.estimate import estimate
+    >>> from vrammath.setup import Setup
     >>> from vrammath.presets import load_model
     >>> est = estimate(Setup(load_model("llama-7b"), zero=2, gpus=4))
     >>> opt = [x for x in sensitivities(est, ["N_d"]) if x.component == "optimizer"][0]
@@ -820,7 +823,8 @@ def sensitivities(
 def ranking(est: Estimate, knobs: Sequence[sympy.Symbol | str] = KNOBS) -> tuple[Sensitivity, ...]:
     """The total's sensitivities, the knob whose step saves the most bytes first.
 
-    >>> from vrammath.estimate import Setup, estimate
+    >>> from vrammath.estimate import estimate
+    >>> from vrammath.setup import Setup
     >>> from vrammath.presets import load_model
     >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))
     >>> [str(x.knob) for x in ranking(est)][:1]
@@ -934,7 +938,8 @@ def sweep(
     exactly and divides them with one correct rounding).
 
     >>> import numpy as np
-    >>> from vrammath.estimate import Setup, estimate
+    >>> from vrammath.estimate import estimate
+    >>> from vrammath.setup import Setup
     >>> from vrammath.presets import load_model
     >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))
     >>> out = sweep(est, {"N_d": np.array([1, 8, 64])})
