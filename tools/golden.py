@@ -1,0 +1,93 @@
+"""Write tests/data/golden.json: the numbers vrammath printed before a refactor, to pin them.
+
+``python tools/golden.py`` evaluates a fixed grid of training and serving setups over every
+preset (and the validation matrix's rows) and records only bytes: components, phases and totals.
+``tests/test_golden.py`` recomputes the same grid and asserts that nothing moved. Regenerate only
+when a change is meant to move a number, and say which and why in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import vrammath as vm
+from vrammath.measure.matrix import ROWS, estimate_row
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "golden.json"
+
+#: training setups applied to every preset (Setup keyword arguments)
+TRAINING: tuple[dict[str, Any], ...] = (
+    {},
+    {"zero": 2, "gpus": 4, "gpu": "A100-80GB"},
+    {"zero": 3, "gpus": 8, "seq_len": 4096, "recompute": "full", "gpu": "A100-80GB"},
+    {"zero": 3, "gpus": 8, "offload_optimizer": True, "offload_params": True},
+    {"zero": 1, "gpus": 8, "recipe": "fp32", "attention": "eager", "micro_batch": 2},
+    {"recipe": "autocast-bf16", "implementation": "for-loop", "seq_len": 512},
+    {"recipe": "fp16-mixed", "optimizer": "sgd-momentum", "iteration": "first"},
+    {"recipe": "bf16-megatron", "optimizer": "adam8bit", "zero": 2, "gpus": 2},
+    {"recipe": "bf16-pure", "optimizer": "adafactor", "implementation": "fused"},
+    {"lora_rank": 16, "lora_targets": ("q", "v"), "micro_batch": 2, "seq_len": 1024},
+    {"lora_rank": 8, "lora_targets": "all-linear", "quant": "nf4", "recompute": "full"},
+    {"lora_rank": 64, "quant": "int8", "zero": 2, "gpus": 4, "lora_dropout": True},
+    {"tp": 8, "pp": 4, "sp": True, "recompute": "selective", "zero": 1, "gpus": 8},
+    {"tp": 2, "pp": 2, "schedule": "interleaved", "chunks": 2},
+    {"activation_model": "korthikanti", "recompute": "full"},
+)
+
+SERVING: tuple[dict[str, Any], ...] = (
+    {},
+    {"context": 32768, "batch": 8, "gpu": "H100-80GB"},
+    {"weights": "nf4", "kv_dtype": "fp8-e4m3", "tp": 2, "block": None},
+    {"weights": "int8", "kv_dtype": "fp16", "tp": 4, "gpu": "A100-40GB", "gpu_util": 0.8},
+)
+
+
+def _training(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        est = vm.estimate(vm.Setup(vm.load_model(model), **kwargs))
+    except vm.InputError:
+        return {"refused": True}
+    d = est.as_dict()
+    return {
+        "components": {c["key"]: c["bytes"] for c in d["components"]},  # type: ignore[union-attr]
+        "phases": d["phases"],
+        "totals": d["totals"],
+    }
+
+
+def _serving(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        d = vm.serve(vm.Serve(vm.load_model(model), **kwargs)).as_dict()
+    except vm.InputError:
+        return {"refused": True}
+    d.pop("setup")
+    d.pop("kv_cache_expr")
+    return d
+
+
+def golden() -> dict[str, Any]:
+    """Every number of the grid, keyed by model and setup."""
+    out: dict[str, Any] = {"params": {}, "training": {}, "serving": {}, "matrix": {}}
+    for model in vm.model_names():
+        out["params"][model] = vm.param_count(vm.load_model(model))
+        for i, kw in enumerate(TRAINING):
+            out["training"][f"{model}/{i}"] = _training(model, kw)
+        for i, kw in enumerate(SERVING):
+            out["serving"][f"{model}/{i}"] = _serving(model, kw)
+    for row in ROWS:
+        out["matrix"][row["id"]] = estimate_row(row)
+    return out
+
+
+def main() -> int:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(golden(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {OUT}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
