@@ -170,6 +170,7 @@ class Estimate:
                 "iteration": setup.iteration,
                 "schedule": setup.schedule,
                 "chunks": setup.chunks,
+                "device": setup.device,
             },
             "phases": self.phases,
             "components": [
@@ -320,7 +321,13 @@ def _activation_components(setup: Setup, values: dict[sympy.Symbol, int]) -> lis
     precision = PRECISION_OF[setup.recipe]
     if setup.activation_formula == "hf":
         recompute = "full" if setup.recompute == "full" else "none"
-        exprs = activation_exprs(spec, setup.attention, precision, recompute)  # type: ignore[arg-type]
+        exprs = activation_exprs(
+            spec,
+            setup.attention,  # type: ignore[arg-type]
+            precision,  # type: ignore[arg-type]
+            recompute,  # type: ignore[arg-type]
+            device=setup.device,  # type: ignore[arg-type]
+        )
         how = f"{spec.model_type} as transformers runs it, {setup.attention}, {precision}"
         if setup.lora_rank is not None:
             # frozen linears keep no inputs for weight gradients: an upper bound under LoRA
@@ -400,6 +407,7 @@ def _phase_exprs(setup: Setup, comps: list[Component]) -> dict[str, sympy.Expr]:
         grad_bytes=rec.gradients,
         iteration=setup.iteration,  # type: ignore[arg-type]
         activations=A,
+        device=setup.device,  # type: ignore[arg-type]
     )
     return {k: phases[k] for k in PHASES}
 

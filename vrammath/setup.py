@@ -30,6 +30,8 @@ RECOMPUTE = ("none", "selective", "full")
 ACTIVATION_MODELS = ("auto", "hf", "korthikanti")
 ITERATIONS = ("steady", "first")
 SCHEDULES = ("1f1b", "interleaved")
+#: where the kernels run: CUDA and CPU kernels keep different tensors (dropout masks, norm stats)
+DEVICES = ("cuda", "cpu")
 
 # The dtype the forward runs in under each recipe (what the activations are kept in).
 PRECISION_OF = {
@@ -71,6 +73,7 @@ class Setup:
     iteration: str = "steady"
     schedule: str = "1f1b"
     chunks: int = 1
+    device: str = "cuda"
 
     @property
     def activation_formula(self) -> str:
@@ -110,6 +113,8 @@ class Setup:
         if self.schedule not in SCHEDULES:
             raise one_of("schedule", self.schedule, SCHEDULES)
         positive_int("chunks", self.chunks)
+        if self.device not in DEVICES:
+            raise one_of("device", self.device, DEVICES)
         megatron = self.tp > 1 or self.pp > 1 or self.recompute == "selective"
         if self.activation_model == "hf" and megatron:
             raise InputError(
@@ -155,6 +160,7 @@ def with_changes(setup: Setup, **changes: object) -> Setup:
 __all__ = [
     "ACTIVATION_MODELS",
     "ATTENTION",
+    "DEVICES",
     "ITERATIONS",
     "PRECISION_OF",
     "RECOMPUTE",
