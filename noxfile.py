@@ -149,9 +149,29 @@ def measure(session: nox.Session) -> None:
 def browser(session: nox.Session) -> None:
     """Open the built handbook in headless Chromium and check math, figures, search, console."""
     session.install("selenium>=4.20")
+    _ensure_chromium(session)
     if not (DOCS_OUT / "html" / "index.html").is_file():
         session.error("build the handbook first: nox -s docs")
     session.run("python", "tools/browser_check.py", str(DOCS_OUT / "html"))
+
+
+def _ensure_chromium(session: nox.Session) -> None:
+    """Debian's chromium + chromium-driver: found, installed (as root with apt-get), or named."""
+    needed = ("chromium", "chromedriver")
+    if all(shutil.which(cmd) for cmd in needed):
+        return
+    apt = shutil.which("apt-get")
+    if apt and hasattr(os, "geteuid") and os.geteuid() == 0:
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run(apt, "update", "-qq", external=True, env=env)
+        session.run(
+            apt, "install", "-y", "-qq", "chromium", "chromium-driver", external=True, env=env
+        )
+    if not all(shutil.which(cmd) for cmd in needed):
+        session.error(
+            "the browser check needs Chromium and ChromeDriver: install Debian's chromium and "
+            "chromium-driver (apt-get install chromium chromium-driver), then rerun"
+        )
 
 
 @nox.session
