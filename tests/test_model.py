@@ -43,6 +43,20 @@ def test_presets_load() -> None:
     assert load_model("gpt-175b").intermediate == 4 * 12288
 
 
+def test_current_presets_fields() -> None:
+    """Llama-3.1 (rope_scaling llama3), Mistral-7B-v0.3 (no sliding window) and Qwen2.5 presets."""
+    for name, layers in (("llama-3.1-8b", 32), ("llama-3.1-70b", 80), ("llama-3.1-405b", 126)):
+        spec = load_model(name)
+        assert (spec.layers, spec.kv_heads, spec.vocab) == (layers, 8, 128256)
+        assert (spec.max_positions, spec.tied_embeddings, spec.qkv_bias) == (131072, False, False)
+    mistral = load_model("mistral-7b-v0.3")
+    assert (mistral.vocab, mistral.sliding_window) == (32768, None)
+    for name, kv in (("qwen2.5-7b", 4), ("qwen2.5-72b", 8)):
+        spec = load_model(name)
+        assert (spec.kv_heads, spec.vocab, spec.qkv_bias, spec.o_bias) == (kv, 152064, True, False)
+        assert spec.sliding_window is None  # use_sliding_window is false
+
+
 def test_explicit_head_dim_and_gqa() -> None:
     spec = from_hf_config({**BASE, "head_dim": 32, "num_key_value_heads": 2})
     assert (spec.head_dim, spec.kv_heads) == (32, 2)

@@ -35,6 +35,37 @@ def test_exact_totals(name: str, total: int) -> None:
     assert param_count(load_model(name)) == total
 
 
+# Current presets: (exact total, the published short figure in billions). The exact totals follow
+# from REFERENCES.md's formula; the short figures are the ones published for each model (the
+# Qwen2.5 cards print 7.61B and 72.7B).
+CURRENT = {
+    "llama-3.1-8b": (8_030_261_248, "8.03"),
+    "llama-3.1-70b": (70_553_706_496, "70.6"),
+    "llama-3.1-405b": (405_853_388_800, "405.9"),
+    "mistral-7b-v0.3": (7_248_023_552, "7.25"),
+    "qwen2.5-7b": (7_615_616_512, "7.61"),
+    "qwen2.5-72b": (72_706_203_648, "72.7"),
+}
+
+
+@pytest.mark.parametrize(("name", "total", "card"), [(n, *v) for n, v in CURRENT.items()])
+def test_current_presets_exact(name: str, total: int, card: str) -> None:
+    count = param_count(load_model(name))
+    assert count == total
+    # Cards round (70.6 for 70.55) or cut (Qwen2.5-7B's 7.61 for 7.6156); either must match.
+    decimals = len(card.split(".")[1])
+    unit = 10 ** (9 - decimals)
+    cut = f"{count // unit / 10**decimals:.{decimals}f}"
+    assert card in {f"{count / 1e9:.{decimals}f}", cut}
+
+
+def test_llama31_untied_gqa_arithmetic() -> None:
+    """Llama-3.1-8B by hand: untied 128256-token embeddings, 8 KV heads of 128, SwiGLU 14336."""
+    h, kv_out, inter, vocab, layers = 4096, 8 * 128, 14336, 128256, 32
+    layer = 2 * h * h + 2 * h * kv_out + 3 * h * inter + 2 * h
+    assert param_count(load_model("llama-3.1-8b")) == 2 * vocab * h + layers * layer + h
+
+
 def test_components_sum_and_values() -> None:
     parts = param_counts(load_model("llama-7b"))
     assert parts["embedding"] == parts["head"] == 32000 * 4096
