@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal, cast
+
 import pytest
 import sympy
 
@@ -205,3 +207,52 @@ def test_hf_unknown_options_raise() -> None:
         act.hf_layer_bytes(spec, "sdpa", "int8")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="recompute"):
         act.hf_activation_bytes(spec, recompute="selective")  # type: ignore[arg-type]
+
+
+def test_gelu_comes_from_the_spec_unless_passed() -> None:
+    base = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100}
+    tanh = from_hf_config({**base, "activation_function": "gelu_pytorch_tanh"})
+    new = from_hf_config(base)
+    assert _zero(
+        act.hf_layer_bytes(tanh, "eager", "bf16")
+        - act.hf_layer_bytes(new, "eager", "bf16", gelu="gelu_pytorch_tanh")
+    )
+    assert not _zero(
+        act.hf_layer_bytes(tanh, "eager", "bf16") - act.hf_layer_bytes(new, "eager", "bf16")
+    )
+    # an explicit gelu= still wins (the measurement passes the config's own)
+    assert _zero(
+        act.hf_activation_bytes(tanh, "eager", "bf16", gelu="gelu_new")
+        - act.hf_activation_bytes(new, "eager", "bf16")
+    )
+
+
+def test_gpt2_formula_refuses_a_spec_without_dropout() -> None:
+    from dataclasses import replace
+
+    spec = load_model("gpt2")
+    off = replace(spec, attention=replace(spec.attention, dropout=0.0))
+    with pytest.raises(InputError, match="^dropout: GPT-2's formula is derived with"):
+        act.gpt2_layer_terms(off)
+
+
+@pytest.mark.parametrize("field", ["activation_bytes", "dropout_mask_bytes", "ffn_multiple"])
+def test_korthikanti_refuses_text(field: str) -> None:
+    text: Any = "2"  # what a caller passing user text would send
+    with pytest.raises(InputError) as info:
+        act.korthikanti_layer_bytes(**{field: text})
+    assert str(info.value) == f"{field}: must be an int or a sympy expression (got '2')"
+    with pytest.raises(InputError, match="^activation_bytes:"):
+        act.korthikanti_extra_terms(activation_bytes=cast(Any, "__import__('os')"))
+    # symbols are welcome
+    assert act.korthikanti_layer_bytes(activation_bytes=sympy.Symbol("B")).has(sympy.Symbol("B"))
+
+
+def test_final_norm_is_one_layer_norm() -> None:
+    precisions: tuple[Literal["bf16"], Literal["fp32"]] = ("bf16", "fp32")
+    for name in ("llama-7b", "gpt2"):
+        spec = load_model(name)
+        for precision in precisions:
+            layer = act.hf_layer_terms(spec, "eager", precision)["norms"]
+            final = act.hf_activation_terms(spec, "eager", precision)["final_norm"]
+            assert _zero(layer - 2 * final)

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vrammath.errors import InputError
-from vrammath.model import from_hf_config
+from vrammath.model import MLP, Attention, Embeddings, Norms, from_hf_config
 from vrammath.presets import load_config_file, load_model, model_names, parse_config_text
 
 BASE = {
@@ -17,6 +19,15 @@ BASE = {
     "intermediate_size": 176,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
+    "vocab_size": 100,
+}
+
+
+GPT2_BASE: dict[str, object] = {
+    "model_type": "gpt2",
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
     "vocab_size": 100,
 }
 
@@ -137,3 +148,294 @@ def test_config_file(tmp_path: Path) -> None:
 def test_unknown_preset() -> None:
     with pytest.raises(InputError, match="^model: must be one of .*llama-7b"):
         load_model("llama-8b")
+
+
+# --- the parts, and the flat views of them ---------------------------------------------------
+
+
+def test_qwen2_72b_parts() -> None:
+    spec = load_model("qwen2-72b")
+    assert (spec.model_type, spec.layers, spec.warnings) == ("qwen2", 80, ())
+    assert spec.embeddings == Embeddings(
+        vocab=152064, hidden=8192, tied=False, learned_positions=False, max_positions=131072
+    )
+    assert spec.attention == Attention(
+        heads=64, kv_heads=8, head_dim=128, qkv_bias=True, o_bias=False
+    )
+    assert spec.attention.kind == "GQA"
+    assert spec.mlp == MLP(intermediate=29568, gated=True, activation="silu", bias=False)
+    assert spec.norms == Norms(kind="rmsnorm", placement="pre", parallel_residual=False)
+
+
+def test_gpt2_parts_keep_activation_and_dropout() -> None:
+    spec = from_hf_config(GPT2_BASE)
+    assert spec.mlp == MLP(
+        intermediate=256, gated=False, activation="gelu_new", bias=True, dropout=0.1
+    )
+    assert (spec.attention.fused_qkv, spec.attention.dropout, spec.attention.output_dropout) == (
+        True,
+        0.1,
+        0.1,
+    )
+    assert (spec.embeddings.learned_positions, spec.embeddings.dropout) == (True, 0.1)
+    assert spec.norms.kind == "layernorm"
+    tanh = from_hf_config({**GPT2_BASE, "activation_function": "gelu_pytorch_tanh"})
+    assert tanh.mlp.activation == "gelu_pytorch_tanh"
+
+
+def test_mistral_window_on_every_layer_and_qwen2_window_layers() -> None:
+    mistral = load_model("mistral-7b")
+    assert (mistral.attention.sliding_window, mistral.attention.window_layers) == (4096, 32)
+    qwen = {**BASE, "model_type": "qwen2", "num_hidden_layers": 4}
+    on = from_hf_config(
+        {**qwen, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
+    )
+    assert (on.attention.sliding_window, on.attention.window_layers) == (16, 3)
+    # transformers' defaults: a 4096-token window from layer 28 on, so none of 4 layers slides
+    assert from_hf_config({**qwen, "use_sliding_window": True}).attention.window_layers == 0
+    typed = {**qwen, "use_sliding_window": True, "sliding_window": 16}
+    types = ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    assert from_hf_config({**typed, "layer_types": types}).attention.window_layers == 2
+    off = load_model("qwen2-7b")
+    assert (off.attention.sliding_window, off.attention.window_layers) == (None, 0)
+
+
+@pytest.mark.parametrize(("kv_heads", "kind"), [(4, "MHA"), (2, "GQA"), (1, "MQA")])
+def test_attention_kind(kv_heads: int, kind: str) -> None:
+    assert from_hf_config({**BASE, "num_key_value_heads": kv_heads}).attention.kind == kind
+
+
+@given(
+    model_type=st.sampled_from(["llama", "mistral", "qwen2"]),
+    heads_kv=st.sampled_from([(4, 4), (4, 2), (8, 1), (6, 3)]),
+    head_dim=st.one_of(st.none(), st.integers(1, 64)),
+    inter=st.integers(1, 10_000),
+    layers=st.integers(1, 100),
+    vocab=st.integers(1, 200_000),
+    tied=st.booleans(),
+    bias=st.booleans(),
+)
+def test_flat_views_equal_the_parts(
+    model_type: str,
+    heads_kv: tuple[int, int],
+    head_dim: int | None,
+    inter: int,
+    layers: int,
+    vocab: int,
+    tied: bool,
+    bias: bool,
+) -> None:
+    heads, kv = heads_kv
+    cfg: dict[str, object] = {
+        "model_type": model_type,
+        "hidden_size": 24 * heads,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+    }
+    if model_type == "llama":
+        cfg.update(attention_bias=bias, mlp_bias=bias)
+    spec = from_hf_config(cfg)
+    e, att, mlp = spec.embeddings, spec.attention, spec.mlp
+    assert (spec.hidden, spec.vocab, spec.tied_embeddings, spec.max_positions) == (
+        e.hidden,
+        e.vocab,
+        e.tied,
+        e.max_positions,
+    )
+    assert (spec.heads, spec.kv_heads, spec.head_dim, spec.qkv_bias, spec.o_bias) == (
+        att.heads,
+        att.kv_heads,
+        att.head_dim,
+        att.qkv_bias,
+        att.o_bias,
+    )
+    assert spec.sliding_window == att.sliding_window
+    assert (spec.intermediate, spec.gated_mlp, spec.mlp_bias) == (
+        mlp.intermediate,
+        mlp.gated,
+        mlp.bias,
+    )
+    assert (spec.norm, spec.learned_positions) == (spec.norms.kind, e.learned_positions)
+    # and the parts hold the config's values
+    assert (e.hidden, e.vocab, e.tied, spec.layers, mlp.intermediate) == (
+        24 * heads,
+        vocab,
+        tied,
+        layers,
+        inter,
+    )
+    assert (att.heads, att.kv_heads, att.head_dim) == (heads, kv, head_dim or 24)
+    assert att.qkv_bias == (bias if model_type == "llama" else model_type == "qwen2")
+    assert spec.warnings == ()
+
+
+# --- every key modelled, harmless or refused ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            {**BASE, "attention_dropout": 0.1},
+            "attention_dropout: must be 0.0 (dropout on attention probabilities is not modelled) "
+            "(got 0.1)",
+        ),
+        (
+            {**BASE, "model_type": "mistral", "attention_dropout": 0.1},
+            "attention_dropout: must be 0.0 (dropout on attention probabilities is not modelled) "
+            "(got 0.1)",
+        ),
+        (
+            {**BASE, "model_type": "qwen2", "attention_dropout": 0.5},
+            "attention_dropout: must be 0.0 (dropout on attention probabilities is not modelled) "
+            "(got 0.5)",
+        ),
+        (
+            {**BASE, "attention_dropout": 1.5},
+            "attention_dropout: must be a number in [0, 1) (got 1.5)",
+        ),
+        (
+            {**BASE, "attention_dropout": True},
+            "attention_dropout: must be a number in [0, 1) (got True)",
+        ),
+        (
+            {**BASE, "model_type": "mistral", "hidden_act": "gelu"},
+            "hidden_act: must be one of silu (got 'gelu')",
+        ),
+        (
+            {**GPT2_BASE, "reorder_and_upcast_attn": True},
+            "reorder_and_upcast_attn: must be false (the upcast attention is not modelled) (got True)",
+        ),
+        (
+            {**GPT2_BASE, "scale_attn_by_inverse_layer_idx": True},
+            "scale_attn_by_inverse_layer_idx: must be false (per-layer attention scaling is not "
+            "modelled) (got True)",
+        ),
+        (
+            {**GPT2_BASE, "scale_attn_weights": False},
+            "scale_attn_weights: must be true (unscaled attention is not modelled) (got False)",
+        ),
+        (
+            {**GPT2_BASE, "add_cross_attention": True},
+            "add_cross_attention: cross-attention is not supported yet (dense decoders only) "
+            "(got True)",
+        ),
+        (
+            {**GPT2_BASE, "activation_function": "relu"},
+            "activation_function: must be one of gelu, gelu_pytorch_tanh, gelu_new, gelu_fast "
+            "(got 'relu')",
+        ),
+        (
+            {**BASE, "output_attentions": True},
+            "output_attentions: must be false (its returned tensors are not modelled) (got True)",
+        ),
+        (
+            {**BASE, "model_type": "mistral", "sliding_window": 0},
+            "sliding_window: must be a positive integer (got 0)",
+        ),
+        (
+            {**BASE, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": -4},
+            "sliding_window: must be a positive integer (got -4)",
+        ),
+        (
+            {
+                **BASE,
+                "model_type": "qwen2",
+                "use_sliding_window": True,
+                "layer_types": ["full_attention"],
+            },
+            "layer_types: must list 2 values (num_hidden_layers), each one of full_attention, "
+            "sliding_attention (got ['full_attention'])",
+        ),
+        (
+            {**BASE, "model_type": "qwen2", "layer_types": ["sliding_attention"] * 2},
+            "layer_types: lists sliding_attention layers but use_sliding_window is false or "
+            "sliding_window is null",
+        ),
+        (
+            {**BASE, "model_type": "qwen2", "max_window_layers": -1},
+            "max_window_layers: must be an integer >= 0 (got -1)",
+        ),
+        (
+            {**BASE, "hidden_size": 10**160},
+            "hidden_size: must be at most 2**40 (MAX_SIZE) (got a 532-bit integer)",
+        ),
+        (
+            {**BASE, "vocab_size": 2**40 + 1},
+            "vocab_size: must be at most 2**40 (MAX_SIZE) (got 1099511627777)",
+        ),
+        (
+            {**BASE, "num_hidden_layers": False},
+            "num_hidden_layers: must be a positive integer (got False)",
+        ),
+        ({**GPT2_BASE, "n_inner": 4.0}, "n_inner: must be a positive integer (got 4.0)"),
+    ],
+)
+def test_keys_that_change_memory_are_refused(cfg: dict[str, object], message: str) -> None:
+    with pytest.raises(InputError) as info:
+        from_hf_config(cfg)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("key", ["resid_pdrop", "embd_pdrop", "attn_pdrop"])
+def test_gpt2_dropout_off_is_refused(key: str) -> None:
+    with pytest.raises(InputError) as info:
+        from_hf_config({**GPT2_BASE, key: 0.0})
+    assert str(info.value) == (
+        f"{key}: must be > 0 (GPT-2's activation formula is derived with dropout on; "
+        "0 is not modelled) (got 0.0)"
+    )
+
+
+def test_kv_heads_message_is_bounded_and_fast() -> None:
+    heads = 2**40  # 41 divisors: listing them all (or scanning range(heads)) would hang
+    with pytest.raises(InputError) as info:
+        from_hf_config(
+            {**BASE, "hidden_size": heads, "num_attention_heads": heads, "num_key_value_heads": 3}
+        )
+    assert str(info.value) == (
+        "num_key_value_heads: must divide num_attention_heads=1099511627776 "
+        "(allowed: 1, 2, 4, 8, 16, 32, 64, ..., 1099511627776 (41 divisors)) (got 3)"
+    )
+
+
+def test_unknown_keys_warn_and_harmless_keys_do_not() -> None:
+    spec = from_hf_config(
+        {
+            **BASE,
+            "rope_theta": 5e5,
+            "rope_scaling": {"rope_type": "llama3"},
+            "zeta": 1,
+            "alpha": None,
+        }
+    )
+    assert spec.warnings == (
+        "alpha: unknown to the llama reader, ignored (it may change memory)",
+        "zeta: unknown to the llama reader, ignored (it may change memory)",
+    )
+    gpt = from_hf_config({**GPT2_BASE, "n_ctx": 1024, "layer_norm_epsilon": 1e-5, "head_dim": 16})
+    assert gpt.warnings == ("head_dim: unknown to the gpt2 reader, ignored (it may change memory)",)
+
+
+def test_presets_and_dumped_configs_read_without_warnings() -> None:
+    for name in model_names():
+        assert load_model(name).warnings == (), name
+    # configs as transformers 5 writes them (every PretrainedConfig key)
+    data = json.loads((Path(__file__).parent.parent / "validation" / "lora_kv.json").read_text())
+    for row in data["kv"]:
+        assert from_hf_config(row["config_dict"]).warnings == (), row["config"]
+
+
+def test_every_reader_reads_only_its_table() -> None:
+    from vrammath.readers import READERS, Keys
+
+    for reader in READERS.values():
+        k = Keys({}, reader.keys)
+        with pytest.raises(KeyError):
+            k.has("not_in_any_table")
+        assert not set(reader.keys) & set(reader.harmless), reader.model_type

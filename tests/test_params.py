@@ -131,3 +131,35 @@ def test_count_is_sum_of_tensor_numels(
     expected = vocab * hidden * (1 if tied else 2) + layers * (per_layer + 2 * hidden) + hidden
     assert param_count(spec) == expected
     assert size_values(spec)[d] == dh
+
+
+def test_tensors_follow_the_parts() -> None:
+    from dataclasses import replace
+
+    from vrammath.params import tensors
+
+    gpt = load_model("gpt2")
+    assert [t.name for t in tensors(gpt)] == [
+        "embed_tokens",
+        "embed_positions",
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "attn.c_proj.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+        "mlp.c_proj.bias",
+        "ln_1.weight",
+        "ln_1.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "ln_f.weight",
+        "ln_f.bias",
+    ]
+    llama = load_model("llama-7b")
+    # each part changes only its own tensors: an MLP with biases adds I + I + h per layer
+    biased = replace(llama, mlp=replace(llama.mlp, bias=True))
+    assert param_count(biased) - param_count(llama) == 32 * (2 * 11008 + 4096)
+    tied = replace(llama, embeddings=replace(llama.embeddings, tied=True))
+    assert param_count(llama) - param_count(tied) == 32000 * 4096

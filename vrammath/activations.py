@@ -54,6 +54,15 @@ def _check(field: str, value: object, allowed: tuple[str, ...]) -> None:
         raise one_of(field, value, allowed)
 
 
+def _number(field: str, value: object) -> sympy.Expr:
+    """An int or a sympy expression as an expression; anything else (a string) is refused."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return sympy.Integer(value)
+    if isinstance(value, sympy.Expr):
+        return value
+    raise InputError(field, "must be an int or a sympy expression", got=value)
+
+
 # =============================================================================================
 # Korthikanti et al. (2022), as published
 # =============================================================================================
@@ -124,9 +133,9 @@ def korthikanti_layer_terms(
     """
     _check("parallel", parallel, PARALLEL)
     _check("recompute", recompute, RECOMPUTE)
-    B = sympy.sympify(activation_bytes)
-    M = sympy.sympify(dropout_mask_bytes)
-    f = sympy.sympify(ffn_multiple)
+    B = _number("activation_bytes", activation_bytes)
+    M = _number("dropout_mask_bytes", dropout_mask_bytes)
+    f = _number("ffn_multiple", ffn_multiple)
     sbh = s * b * h
     score = a * s**2 * b
     # what tensor parallelism splits (inside the parallel regions) vs what it replicates
@@ -250,8 +259,8 @@ def korthikanti_extra_terms(
     .. [1] V. Korthikanti et al., arXiv:2205.05198 (2022), Section 4.3.
     """
     _check("parallel", parallel, PARALLEL)
-    B = sympy.sympify(activation_bytes)
-    M = sympy.sympify(dropout_mask_bytes)
+    B = _number("activation_bytes", activation_bytes)
+    M = _number("dropout_mask_bytes", dropout_mask_bytes)
     div = sympy.Integer(1) if parallel == "none" else t
     pp = sympy.Integer(1) if last_stage_on_first else p
     terms = {"embedding_dropout": M * s * b * h * pp / div}
@@ -353,12 +362,38 @@ def _residual_bytes(precision: str) -> int:
     return 4 if autocast else compute
 
 
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
+
+
+def _dropout_mask_bytes(c: int, device: str) -> int:
+    """Bytes per element of a dropout mask: CUDA's fused ``native_dropout`` keeps a bool mask;
+    on a CPU dropout multiplies by a noise tensor of the input's dtype (c bytes)."""
+    return c if device == "cpu" else 1
+
+
+def _norm_kept(spec: ModelSpec, precision: str, device: str) -> sympy.Expr:
+    """Bytes one norm of ``spec.norms.kind`` keeps for backward.
+
+    RMSNorm (transformers' LLaMA) upcasts its input to fp32 and keeps it (4sbh), the normalised
+    tensor the weight multiplies, in the parameters' dtype (2sbh for pure 16-bit, 4sbh for fp32
+    and autocast), and the inverse RMS (4bs). LayerNorm keeps its input (c sbh) and its mean and
+    inverse std (S bs each): fp32 on CUDA (S = 4), the input's dtype on a CPU (S = c).
+    """
+    c, autocast = _precision(precision)
+    sb = s * b
+    if spec.norms.kind == "rmsnorm":
+        normalised = 4 if c == 4 or autocast else 2
+        return 4 * sb * h + normalised * sb * h + 4 * b * s
+    stats = c if device == "cpu" else 4
+    return c * sb * h + 2 * stats * b * s
+
+
 def hf_layer_terms(
     spec: ModelSpec,
     attention: Attention = "sdpa",
     precision: Precision = "bf16",
     *,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
 ) -> dict[str, sympy.Expr]:
     """Bytes one decoder layer of transformers' implementation keeps for backward, per tensor group.
@@ -411,7 +446,8 @@ def hf_layer_terms(
     ==========
 
     spec : ModelSpec
-        A ``llama``-family model (LLaMA, Mistral, Qwen2).
+        A LLaMA-style model (RMSNorm, gated MLP: LLaMA, Mistral, Qwen2); a LayerNorm model
+        (GPT-2) is passed on to :func:`gpt2_layer_terms`.
     attention : "eager" or "sdpa"
         transformers' attention implementation.
     precision : "fp32", "bf16", "fp16", "autocast-bf16" or "autocast-fp16"
@@ -428,13 +464,14 @@ def hf_layer_terms(
     .. [1] transformers ``models/llama/modeling_llama.py`` (v5), PyTorch
        ``tools/autograd/derivatives.yaml`` (what each op saves).
     """
-    if spec.family != "llama":
+    if spec.norms.kind == "layernorm":
         return gpt2_layer_terms(spec, attention, precision, gelu=gelu, device=device)
+    if not spec.mlp.gated:
+        raise InputError("mlp.gated", "an RMSNorm model with a plain MLP is not derived", got=False)
     _check("attention", attention, ATTENTIONS)
     c, autocast = _precision(precision)
     sb = s * b
-    norm_kept = 4 if c == 4 or autocast else 2
-    norms = 2 * (4 * sb * h + norm_kept * sb * h + 4 * b * s)
+    norms = 2 * _norm_kept(spec, precision, device)
     inputs = 3 * 2 * sb * h + 2 * 2 * sb * h if autocast else 2 * c * sb * h
     kv_heads = a_kv if attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM else a
     qkv = c * sb * d * (a + 2 * kv_heads)
@@ -461,15 +498,13 @@ config) is written in Python, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
 x, the tanh output, 0.5x and 1 + tanh (measured); ``gelu_fast`` is derived the same way, not measured.
 """
 
-DEVICES: tuple[str, ...] = ("cuda", "cpu")
-
 
 def gpt2_layer_terms(
     spec: ModelSpec,
     attention: Attention = "eager",
     precision: Precision = "bf16",
     *,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
 ) -> dict[str, sympy.Expr]:
     """Bytes one ``GPT2Block`` of transformers keeps for backward, per tensor group.
@@ -510,11 +545,11 @@ def gpt2_layer_terms(
     ==========
 
     spec : ModelSpec
-        A ``gpt``-family model.
+        A GPT-2 model (LayerNorm, plain GeLU MLP, dropout on).
     attention : "eager" or "sdpa"
     precision : "fp32", "bf16" or "fp16" (autocast is not derived for GPT-2)
-    gelu : one of :data:`GELU_KEPT`
-        The config's ``activation_function``.
+    gelu : one of :data:`GELU_KEPT`, optional
+        Overrides the spec's ``mlp.activation`` (the config's ``activation_function``).
     device : "cuda" or "cpu"
         Whose dropout and LayerNorm kernels (see above).
 
@@ -525,8 +560,16 @@ def gpt2_layer_terms(
     """
     _check("attention", attention, ATTENTIONS)
     _check("precision", precision, ("fp32", "bf16", "fp16"))
+    gelu = spec.mlp.activation if gelu is None else gelu
     _check("gelu", gelu, tuple(GELU_KEPT))
     _check("device", device, DEVICES)
+    dropouts = (spec.attention.dropout, spec.attention.output_dropout, spec.mlp.dropout)
+    if not all(p > 0 for p in dropouts):
+        raise InputError(
+            "dropout",
+            "GPT-2's formula is derived with attention, residual and MLP dropout on",
+            got=dropouts,
+        )
     if device == "cpu" and attention == "sdpa":
         raise InputError(
             "attention",
@@ -534,12 +577,11 @@ def gpt2_layer_terms(
             got=attention,
         )
     c, _ = _precision(precision)
-    M = c if device == "cpu" else 1
-    S = c if device == "cpu" else 4
+    M = _dropout_mask_bytes(c, device)
     sb = s * b
     scores = (2 * c + M) * a * s**2 * b if attention == "eager" else 4 * a * s * b
     return {
-        "norms": 2 * (c * sb * h + 2 * S * b * s),
+        "norms": 2 * _norm_kept(spec, precision, device),
         "inputs": 2 * c * sb * h,
         "qkv": 3 * c * sb * h,
         "scores": sympy.expand(scores),
@@ -554,7 +596,7 @@ def hf_layer_bytes(
     attention: Attention = "sdpa",
     precision: Precision = "bf16",
     *,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
 ) -> sympy.Expr:
     """Bytes one decoder layer keeps for backward: the sum of :func:`hf_layer_terms`.
@@ -617,7 +659,7 @@ def hf_activation_terms(
     precision: Precision = "bf16",
     recompute: HfRecompute = "none",
     *,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
 ) -> dict[str, sympy.Expr]:
     """Every tensor group the whole model keeps for backward at the end of forward.
@@ -652,21 +694,20 @@ def hf_activation_terms(
         layers = L * res * sb * h
         if attention == "eager":  # the checkpoints also hold the (b, 1, s, s) additive mask
             layers += res * b * s**2
-        if spec.family == "llama":  # ... and the (1, s) int64 position ids
+        if not spec.embeddings.learned_positions:  # ... and RoPE's (1, s) int64 position ids
             layers += 8 * s
     else:
         layers = L * hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device)
     terms: dict[str, sympy.Expr] = {"layers": layers}
-    if spec.family == "llama":
-        norm_kept = 4 if c == 4 or autocast else 2
+    learned = spec.embeddings.learned_positions
+    if not learned:
         terms["rope"] = 2 * s * d * res
-        terms["final_norm"] = 4 * sb * h + norm_kept * sb * h + 4 * b * s
-    else:
-        mask = c if device == "cpu" else 1
-        stats = c if device == "cpu" else 4
-        terms["embedding_dropout"] = mask * sb * h
+    if spec.embeddings.dropout > 0:
+        terms["embedding_dropout"] = _dropout_mask_bytes(c, device) * sb * h
+    if learned:
         terms["positions"] = 8 * s  # int64 position ids kept by the position embedding
-        terms["final_norm"] = c * sb * h + 2 * stats * b * s
+    terms["final_norm"] = _norm_kept(spec, precision, device)
+    if learned:
         terms["labels_copy"] = 8 * sb  # one more int64 (b, s) tensor GPT-2 keeps (measured)
     terms["head_input"] = (2 if autocast else c) * sb * h
     terms["head_weight_cast"] = 2 * V * h if autocast else sympy.Integer(0)
@@ -680,7 +721,7 @@ def hf_activation_bytes(
     precision: Precision = "bf16",
     recompute: HfRecompute = "none",
     *,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
 ) -> sympy.Expr:
     """Total bytes kept for backward at the end of forward (sum of :func:`hf_activation_terms`).
@@ -703,7 +744,7 @@ def activation_exprs(
     precision: Precision = "bf16",
     recompute: HfRecompute = "none",
     *,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
 ) -> dict[str, sympy.Expr]:
     """Named components for an estimate: ``activations`` (layers + rest) and ``logits_loss``.

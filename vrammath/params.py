@@ -1,13 +1,14 @@
 """Exact parameter counts, symbolic and numeric, per component and per tensor.
 
-A LLaMA-style decoder (:class:`~vrammath.model.ModelSpec` family ``llama``) holds
+A LLaMA-style decoder (gated MLP, RMSNorm, rotary positions: see :mod:`vrammath.model`) holds
 
 .. math::
 
     V h (1 \\text{ if tied else } 2) + L\\,[h a d + 2 h a_{kv} d + a d h + 3 h I + 2h
     + \\text{biases}] + h
 
-and a GPT-2-style one adds learned positions ``n_pos * h``, LayerNorm biases and MLP biases.
+and a GPT-2-style one (plain MLP, LayerNorm, learned positions) adds learned positions
+``n_pos * h``, LayerNorm biases and MLP biases.
 ``d`` is the head dimension, which is *not* always ``h / a``.
 
 Examples
@@ -79,65 +80,91 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
 def tensors(spec: ModelSpec) -> list[Tensor]:
     """Every parameter tensor of the model, as (name, symbolic shape, multiplicity, component).
 
-    Shapes follow PyTorch's ``nn.Linear`` convention (out, in); shape matters to Adafactor's
-    factored states and to 8-bit optimizers, which keep small tensors in 32 bits.
+    Built part by part (embeddings, attention, MLP, norms, head). Names are transformers'; shapes
+    follow PyTorch's ``nn.Linear`` convention (out, in), except GPT-2's ``Conv1D`` layers (in,
+    out), which come with its fused QKV and plain MLP. Shape matters to Adafactor's factored
+    states and to 8-bit optimizers, which keep small tensors in 32 bits.
+
+    >>> from vrammath.presets import load_model
+    >>> [t.name for t in tensors(load_model("gpt2")) if t.component == "attention"][:2]
+    ['attn.c_attn.weight', 'attn.c_attn.bias']
     """
     one = sympy.Integer(1)
     out: list[Tensor] = [Tensor("embed_tokens", (V, h), one, "embedding")]
-    if spec.learned_positions:
+    if spec.embeddings.learned_positions:
         out.append(Tensor("embed_positions", (n_pos, h), one, "positions"))
-    if spec.family == "gpt":
-        # GPT-2 keeps q, k, v in one Conv1D (in, out) = (h, 3h) and every linear layer has a bias.
-        out += [
-            Tensor("attn.c_attn.weight", (h, 3 * h), L, "attention"),
-            Tensor("attn.c_attn.bias", (3 * h,), L, "attention"),
-            Tensor("attn.c_proj.weight", (h, h), L, "attention"),
-            Tensor("attn.c_proj.bias", (h,), L, "attention"),
-            Tensor("mlp.c_fc.weight", (h, I), L, "mlp"),
-            Tensor("mlp.c_fc.bias", (I,), L, "mlp"),
-            Tensor("mlp.c_proj.weight", (I, h), L, "mlp"),
-            Tensor("mlp.c_proj.bias", (h,), L, "mlp"),
-            Tensor("ln_1.weight", (h,), L, "norms"),
-            Tensor("ln_1.bias", (h,), L, "norms"),
-            Tensor("ln_2.weight", (h,), L, "norms"),
-            Tensor("ln_2.bias", (h,), L, "norms"),
-            Tensor("ln_f.weight", (h,), one, "norms"),
-            Tensor("ln_f.bias", (h,), one, "norms"),
-        ]
-    else:
-        out += [
-            Tensor("self_attn.q_proj.weight", (a * d, h), L, "attention"),
-            Tensor("self_attn.k_proj.weight", (a_kv * d, h), L, "attention"),
-            Tensor("self_attn.v_proj.weight", (a_kv * d, h), L, "attention"),
-            Tensor("self_attn.o_proj.weight", (h, a * d), L, "attention"),
-        ]
-        if spec.qkv_bias:
-            out += [
-                Tensor("self_attn.q_proj.bias", (a * d,), L, "attention"),
-                Tensor("self_attn.k_proj.bias", (a_kv * d,), L, "attention"),
-                Tensor("self_attn.v_proj.bias", (a_kv * d,), L, "attention"),
-            ]
-        if spec.o_bias:
-            out.append(Tensor("self_attn.o_proj.bias", (h,), L, "attention"))
-        out += [
-            Tensor("mlp.gate_proj.weight", (I, h), L, "mlp"),
-            Tensor("mlp.up_proj.weight", (I, h), L, "mlp"),
-            Tensor("mlp.down_proj.weight", (h, I), L, "mlp"),
-        ]
-        if spec.mlp_bias:
-            out += [
-                Tensor("mlp.gate_proj.bias", (I,), L, "mlp"),
-                Tensor("mlp.up_proj.bias", (I,), L, "mlp"),
-                Tensor("mlp.down_proj.bias", (h,), L, "mlp"),
-            ]
-        out += [
-            Tensor("input_layernorm.weight", (h,), L, "norms"),
-            Tensor("post_attention_layernorm.weight", (h,), L, "norms"),
-            Tensor("norm.weight", (h,), one, "norms"),
-        ]
-    if not spec.tied_embeddings:
+    out += _attention_tensors(spec) + _mlp_tensors(spec) + _norm_tensors(spec)
+    if not spec.embeddings.tied:
         out.append(Tensor("lm_head.weight", (V, h), one, "head"))
     return out
+
+
+def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
+    att = spec.attention
+    out: list[Tensor] = []
+    if att.fused_qkv:
+        # GPT-2 keeps q, k, v in one Conv1D (in, out) = (h, 3h); its heads are MHA with a d = h
+        out.append(Tensor("attn.c_attn.weight", (h, 3 * h), L, "attention"))
+        if att.qkv_bias:
+            out.append(Tensor("attn.c_attn.bias", (3 * h,), L, "attention"))
+        out.append(Tensor("attn.c_proj.weight", (h, h), L, "attention"))
+        if att.o_bias:
+            out.append(Tensor("attn.c_proj.bias", (h,), L, "attention"))
+        return out
+    out += [
+        Tensor("self_attn.q_proj.weight", (a * d, h), L, "attention"),
+        Tensor("self_attn.k_proj.weight", (a_kv * d, h), L, "attention"),
+        Tensor("self_attn.v_proj.weight", (a_kv * d, h), L, "attention"),
+        Tensor("self_attn.o_proj.weight", (h, a * d), L, "attention"),
+    ]
+    if att.qkv_bias:
+        out += [
+            Tensor("self_attn.q_proj.bias", (a * d,), L, "attention"),
+            Tensor("self_attn.k_proj.bias", (a_kv * d,), L, "attention"),
+            Tensor("self_attn.v_proj.bias", (a_kv * d,), L, "attention"),
+        ]
+    if att.o_bias:
+        out.append(Tensor("self_attn.o_proj.bias", (h,), L, "attention"))
+    return out
+
+
+def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
+    if not spec.mlp.gated:
+        # the plain MLP we read is GPT-2's: Conv1D c_fc (h, I) and c_proj (I, h)
+        out = [Tensor("mlp.c_fc.weight", (h, I), L, "mlp")]
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.c_fc.bias", (I,), L, "mlp"))
+        out.append(Tensor("mlp.c_proj.weight", (I, h), L, "mlp"))
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.c_proj.bias", (h,), L, "mlp"))
+        return out
+    out = [
+        Tensor("mlp.gate_proj.weight", (I, h), L, "mlp"),
+        Tensor("mlp.up_proj.weight", (I, h), L, "mlp"),
+        Tensor("mlp.down_proj.weight", (h, I), L, "mlp"),
+    ]
+    if spec.mlp.bias:
+        out += [
+            Tensor("mlp.gate_proj.bias", (I,), L, "mlp"),
+            Tensor("mlp.up_proj.bias", (I,), L, "mlp"),
+            Tensor("mlp.down_proj.bias", (h,), L, "mlp"),
+        ]
+    return out
+
+
+def _norm_tensors(spec: ModelSpec) -> list[Tensor]:
+    one = sympy.Integer(1)
+    if spec.norms.kind == "layernorm":  # weight and bias, GPT-2's names
+        return [
+            Tensor(f"{norm}.{kind}", (h,), count, "norms")
+            for norm, count in (("ln_1", L), ("ln_2", L), ("ln_f", one))
+            for kind in ("weight", "bias")
+        ]
+    return [
+        Tensor("input_layernorm.weight", (h,), L, "norms"),
+        Tensor("post_attention_layernorm.weight", (h,), L, "norms"),
+        Tensor("norm.weight", (h,), one, "norms"),
+    ]
 
 
 def param_exprs(spec: ModelSpec) -> dict[str, sympy.Expr]:

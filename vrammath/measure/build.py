@@ -57,14 +57,8 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 
 
 def gelu_of(model: ModelSpec | str | Mapping[str, object]) -> str:
-    """GPT-2's ``activation_function`` from a preset name or a config dict (ModelSpec has none)."""
-    if isinstance(model, ModelSpec):
-        return "gelu_new"
-    if isinstance(model, str):
-        from vrammath.presets import raw_config
-
-        model = raw_config(model)
-    return str(model.get("activation_function", "gelu_new"))
+    """The MLP's activation function (GPT-2's ``activation_function``) of a model."""
+    return as_spec(model).mlp.activation
 
 
 def hf_config(
@@ -72,18 +66,18 @@ def hf_config(
     *,
     attention: str = "sdpa",
     layers: int | None = None,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
 ) -> Any:
     """The transformers config object for ``spec`` (``layers`` overrides the layer count).
 
-    ``gelu`` is GPT-2's ``activation_function`` (ModelSpec does not record it).
+    ``gelu`` overrides GPT-2's ``activation_function`` (default: the spec's ``mlp.activation``).
     """
     import transformers
 
     if attention not in ATTENTIONS:
         raise one_of("attention", attention, ATTENTIONS)
     n_layers = spec.layers if layers is None else layers
-    if spec.family == "gpt":
+    if spec.model_type == "gpt2":
         cfg = transformers.GPT2Config(
             n_embd=spec.hidden,
             n_layer=n_layers,
@@ -92,7 +86,10 @@ def hf_config(
             vocab_size=spec.vocab,
             n_positions=spec.max_positions,
             tie_word_embeddings=spec.tied_embeddings,
-            activation_function=gelu,
+            activation_function=spec.mlp.activation if gelu is None else gelu,
+            embd_pdrop=spec.embeddings.dropout,
+            attn_pdrop=spec.attention.dropout,
+            resid_pdrop=spec.mlp.dropout,
         )
     else:
         common: dict[str, Any] = {
@@ -125,7 +122,7 @@ def build_model(
     precision: str,
     attention: str,
     layers: int | None = None,
-    gelu: str = "gelu_new",
+    gelu: str | None = None,
 ) -> torch.nn.Module:
     """The HF causal-LM model for ``spec`` in the dtype ``precision`` builds it in (train mode).
 

@@ -1,0 +1,564 @@
+"""One reader per Hugging Face ``model_type``: which config keys set which part of a ModelSpec.
+
+Explanation
+===========
+
+A :class:`Reader` is a small table: ``keys`` maps every config key it models to the part field
+it sets, ``harmless`` lists the keys known not to change memory (RoPE base and scaling, token
+ids, initialisation, norm epsilon, ...), and ``parts`` reads the modelled keys into the parts of
+:mod:`vrammath.model`. Every key of a config is therefore one of three things:
+
+* modelled -- read, checked and recorded in a part (a value the formulas do not describe, such
+  as ``attention_dropout`` > 0, is refused with an :class:`~vrammath.errors.InputError`);
+* known harmless -- ignored on purpose (:data:`COMMON_HARMLESS` plus the reader's own list);
+* unknown -- kept as a one-line warning in :attr:`~vrammath.model.ModelSpec.warnings`.
+
+Adding an architecture means adding one reader to :data:`READERS`.
+
+Examples
+========
+
+>>> spec = read_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 176,
+...     "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "rope_theta": 1e4,
+...     "my_new_key": 3})
+>>> print(*spec.warnings)
+my_new_key: unknown to the llama reader, ignored (it may change memory)
+>>> READERS["gpt2"].keys["n_inner"]
+'mlp.intermediate'
+>>> read_config({"model_type": "llama", "hidden_size": 10**160})
+Traceback (most recent call last):
+...
+vrammath.errors.InputError: hidden_size: must be at most 2**40 (MAX_SIZE) (got a 532-bit integer)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from vrammath.activations import GELU_KEPT
+from vrammath.errors import InputError, one_of
+from vrammath.model import MLP, Attention, Embeddings, ModelSpec, Norms
+
+MAX_SIZE = 2**40
+"""Largest integer a config may hold for a size or count (elements, heads, layers, positions)."""
+
+Parts = tuple[int, Embeddings, Attention, MLP, Norms]
+"""What a reader returns: the layer count and the four parts."""
+
+# Keys that mean structure no reader models: refused unless they say "none" (0, 1, false).
+REFUSED_KEYS: Mapping[str, str] = {
+    "num_local_experts": "mixture-of-experts",
+    "num_experts": "mixture-of-experts",
+    "n_routed_experts": "mixture-of-experts",
+    "moe_intermediate_size": "mixture-of-experts",
+    "num_experts_per_tok": "mixture-of-experts",
+    "cross_attention_hidden_size": "cross-attention",
+    "add_cross_attention": "cross-attention",
+}
+
+COMMON_HARMLESS: tuple[str, ...] = (
+    "_name_or_path",
+    "_vrammath_source",
+    "architectures",
+    "bos_token_id",
+    "chunk_size_feed_forward",
+    "decoder_start_token_id",
+    "dtype",
+    "eos_token_id",
+    "finetuning_task",
+    "id2label",
+    "initializer_range",
+    "is_encoder_decoder",
+    "label2id",
+    "model_type",
+    "pad_token_id",
+    "prefix",
+    "problem_type",
+    "return_dict",
+    "sep_token_id",
+    "task_specific_params",
+    "tokenizer_class",
+    "torch_dtype",
+    "transformers_version",
+    "use_cache",
+)
+"""Keys of every transformers config that change no training or serving memory: metadata,
+token ids, initialisation, the dtype of saved weights (the setup's precision decides)."""
+
+# Keys whose only memory-relevant value is "off": refused when on.
+_MUST_BE_OFF = ("output_attentions", "output_hidden_states")
+
+
+class Keys:
+    """A config being read: typed, bounded access to the keys its reader's table lists."""
+
+    def __init__(self, cfg: Mapping[str, object], table: Mapping[str, str]) -> None:
+        self.cfg = cfg
+        self.table = table
+
+    def has(self, key: str) -> bool:
+        """The key is present and not null."""
+        if key not in self.table:  # a reader reading a key its table does not list
+            raise KeyError(f"{key} is not in the reader's table")
+        return self.cfg.get(key) is not None
+
+    def raw(self, key: str, default: object = ...) -> object:
+        """The value, ``default`` when absent or null; missing without a default is an error."""
+        if self.has(key):
+            return self.cfg[key]
+        if default is ...:
+            raise InputError(key, "is required in the config and missing")
+        return default
+
+    def size(self, key: str, default: object = ...) -> int:
+        """A positive integer at most :data:`MAX_SIZE` (bools are refused)."""
+        return bounded_int(key, self.raw(key, default))
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A JSON boolean."""
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise InputError(key, "must be true or false", got=value)
+        return value
+
+    def probability(self, key: str, default: float) -> float:
+        """A number in [0, 1)."""
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise InputError(key, "must be a number in [0, 1)", got=value)
+        return float(value)
+
+    def off(self, key: str, default: object, allowed: str) -> None:
+        """The key must keep its default (the only value modelled)."""
+        value = self.raw(key, default)
+        if value != default or isinstance(value, bool) != isinstance(default, bool):
+            raise InputError(key, allowed, got=value)
+
+
+def _got(value: object) -> object:
+    # repr of a huge int is slow and long: name its size instead
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return _Literal(f"a {value.bit_length()}-bit integer")
+    return value
+
+
+class _Literal(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def bounded_int(field: str, value: object, low: int = 1) -> int:
+    """``value`` if an integer in ``[low, MAX_SIZE]`` (not a bool, not a float), else an error.
+
+    >>> bounded_int("layers", 32)
+    32
+    >>> bounded_int("layers", True)
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: layers: must be a positive integer (got True)
+    """
+    what = "a positive integer" if low == 1 else f"an integer >= {low}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InputError(field, f"must be {what}", got=_got(value))
+    if value > MAX_SIZE:
+        raise InputError(field, "must be at most 2**40 (MAX_SIZE)", got=_got(value))
+    return value
+
+
+def divisors_text(n: int, limit: int = 8) -> str:
+    """The divisors of ``n`` (found in O(sqrt n)), at most ``limit`` of them listed.
+
+    >>> divisors_text(4)
+    '1, 2, 4'
+    >>> divisors_text(720720)
+    '1, 2, 3, 4, 5, 6, 7, ..., 720720 (240 divisors)'
+    """
+    small: list[int] = []
+    large: list[int] = []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    found = small + large[::-1]
+    if len(found) <= limit:
+        return ", ".join(map(str, found))
+    head = ", ".join(map(str, found[: limit - 1]))
+    return f"{head}, ..., {n} ({len(found)} divisors)"
+
+
+def _kv_heads(k: Keys, key: str, heads: int) -> int:
+    kv_heads = k.size(key, heads)
+    if heads % kv_heads:
+        raise InputError(
+            key,
+            f"must divide num_attention_heads={heads} (allowed: {divisors_text(heads)})",
+            got=kv_heads,
+        )
+    return kv_heads
+
+
+def _head_dim(k: Keys, hidden: int, heads: int) -> int:
+    if k.has("head_dim"):
+        return k.size("head_dim")
+    if hidden % heads:
+        raise InputError(
+            "head_dim",
+            f"is required when hidden_size={hidden} is not a multiple of "
+            f"num_attention_heads={heads}",
+        )
+    return hidden // heads
+
+
+@dataclass(frozen=True)
+class Reader:
+    """How one ``model_type``'s config.json maps to the parts.
+
+    ``keys``: config key -> the part field it sets (or the check it is held to);
+    ``harmless``: keys known not to change memory, besides :data:`COMMON_HARMLESS`;
+    ``parts``: reads the keys of ``keys`` into the layer count and the four parts.
+    """
+
+    model_type: str
+    keys: Mapping[str, str]
+    harmless: tuple[str, ...]
+    parts: Callable[[Keys], Parts]
+
+    def read(self, cfg: Mapping[str, object], name: str) -> ModelSpec:
+        """The ModelSpec of ``cfg``, with a warning for each key this reader does not know."""
+        k = Keys(cfg, self.keys)
+        layers, embeddings, attention, mlp, norms = self.parts(k)
+        known = set(self.keys) | set(self.harmless) | set(COMMON_HARMLESS)
+        known |= set(REFUSED_KEYS) | set(_MUST_BE_OFF)
+        warnings = tuple(
+            f"{key}: unknown to the {self.model_type} reader, ignored (it may change memory)"
+            for key in sorted(map(str, cfg))
+            if key not in known
+        )
+        return ModelSpec(
+            name=name,
+            model_type=self.model_type,
+            layers=layers,
+            embeddings=embeddings,
+            attention=attention,
+            mlp=mlp,
+            norms=norms,
+            warnings=warnings,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# LLaMA-style decoders: llama, mistral, qwen2
+# ---------------------------------------------------------------------------------------------
+
+_DECODER_KEYS: dict[str, str] = {
+    "hidden_size": "embeddings.hidden",
+    "vocab_size": "embeddings.vocab",
+    "tie_word_embeddings": "embeddings.tied",
+    "max_position_embeddings": "embeddings.max_positions",
+    "num_hidden_layers": "layers",
+    "num_attention_heads": "attention.heads",
+    "num_key_value_heads": "attention.kv_heads",
+    "head_dim": "attention.head_dim",
+    "attention_dropout": "attention.dropout (0 only: dropout in attention is not modelled)",
+    "intermediate_size": "mlp.intermediate",
+    "hidden_act": "mlp.activation (silu only)",
+}
+
+_DECODER_HARMLESS: tuple[str, ...] = (
+    "max_sequence_length",
+    "pretraining_tp",
+    "rms_norm_eps",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+)
+"""RoPE's base and scaling (Llama 3.x) change the angles, not the tensors kept; ``pretraining_tp``
+splits the matmuls of the model's pretraining only when > 1, which transformers 5 ignores."""
+
+
+def _decoder_parts(
+    k: Keys,
+    *,
+    qkv_bias: bool,
+    o_bias: bool,
+    mlp_bias: bool,
+    window: int | None,
+    window_layers: int,
+) -> Parts:
+    """The parts shared by LLaMA, Mistral and Qwen2: RMSNorm, RoPE, a gated SiLU MLP."""
+    hidden = k.size("hidden_size")
+    heads = k.size("num_attention_heads")
+    layers = k.size("num_hidden_layers")
+    activation = k.raw("hidden_act", "silu")
+    if activation != "silu":
+        raise one_of("hidden_act", activation, ["silu"])
+    if k.probability("attention_dropout", 0.0) != 0:
+        raise InputError(
+            "attention_dropout",
+            "must be 0.0 (dropout on attention probabilities is not modelled)",
+            got=k.raw("attention_dropout"),
+        )
+    embeddings = Embeddings(
+        vocab=k.size("vocab_size"),
+        hidden=hidden,
+        tied=k.flag("tie_word_embeddings", False),
+        learned_positions=False,
+        max_positions=k.size("max_position_embeddings", 2048),
+    )
+    attention = Attention(
+        heads=heads,
+        kv_heads=_kv_heads(k, "num_key_value_heads", heads),
+        head_dim=_head_dim(k, hidden, heads),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        sliding_window=window,
+        window_layers=window_layers if window is not None else 0,
+    )
+    mlp = MLP(
+        intermediate=k.size("intermediate_size"), gated=True, activation="silu", bias=mlp_bias
+    )
+    return layers, embeddings, attention, mlp, Norms(kind="rmsnorm")
+
+
+def _llama(k: Keys) -> Parts:
+    bias = k.flag("attention_bias", False)
+    return _decoder_parts(
+        k,
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=k.flag("mlp_bias", False),
+        window=None,
+        window_layers=0,
+    )
+
+
+def _mistral(k: Keys) -> Parts:
+    window = k.size("sliding_window") if k.has("sliding_window") else None
+    return _decoder_parts(
+        k,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        window=window,
+        window_layers=k.size("num_hidden_layers"),
+    )
+
+
+def _qwen2(k: Keys) -> Parts:
+    layers = k.size("num_hidden_layers")
+    use_window = k.flag("use_sliding_window", False)
+    # checked even when off (the presets carry the window they would use); defaults as
+    # transformers' Qwen2Config: a 4096-token window from layer 28 on
+    explicit_null = "sliding_window" in k.cfg and k.cfg["sliding_window"] is None
+    window = None if explicit_null else k.size("sliding_window", 4096)
+    full_layers = bounded_int("max_window_layers", k.raw("max_window_layers", 28), low=0)
+    window_layers = max(layers - full_layers, 0) if use_window and window is not None else 0
+    if k.has("layer_types"):
+        kinds = k.raw("layer_types")
+        allowed = ("full_attention", "sliding_attention")
+        if (
+            not isinstance(kinds, list)
+            or len(kinds) != layers
+            or any(x not in allowed for x in kinds)
+        ):
+            raise InputError(
+                "layer_types",
+                f"must list {layers} values (num_hidden_layers), each one of " + ", ".join(allowed),
+                got=kinds,
+            )
+        window_layers = kinds.count("sliding_attention")
+        if window_layers and (not use_window or window is None):
+            raise InputError(
+                "layer_types",
+                "lists sliding_attention layers but use_sliding_window is false "
+                "or sliding_window is null",
+            )
+    return _decoder_parts(
+        k,
+        qkv_bias=True,
+        o_bias=False,
+        mlp_bias=False,
+        window=window if use_window else None,
+        window_layers=window_layers,
+    )
+
+
+LLAMA = Reader(
+    "llama",
+    keys={
+        **_DECODER_KEYS,
+        "attention_bias": "attention.qkv_bias, attention.o_bias",
+        "mlp_bias": "mlp.bias",
+    },
+    harmless=_DECODER_HARMLESS,
+    parts=_llama,
+)
+
+MISTRAL = Reader(
+    "mistral",
+    keys={**_DECODER_KEYS, "sliding_window": "attention.sliding_window (every layer)"},
+    harmless=_DECODER_HARMLESS,
+    parts=_mistral,
+)
+
+QWEN2 = Reader(
+    "qwen2",
+    keys={
+        **_DECODER_KEYS,
+        "use_sliding_window": "attention.sliding_window (on or off)",
+        "sliding_window": "attention.sliding_window",
+        "max_window_layers": "attention.window_layers (layers from this index slide)",
+        "layer_types": "attention.window_layers (count of sliding_attention)",
+    },
+    harmless=_DECODER_HARMLESS,
+    parts=_qwen2,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2
+# ---------------------------------------------------------------------------------------------
+
+GELU_VARIANTS: tuple[str, ...] = tuple(GELU_KEPT)
+"""GPT-2 activation functions the activation formula describes (:data:`GELU_KEPT`)."""
+
+
+def _dropout_on(k: Keys, key: str) -> float:
+    p = k.probability(key, 0.1)
+    if p == 0:
+        raise InputError(
+            key,
+            "must be > 0 (GPT-2's activation formula is derived with dropout on; 0 is not modelled)",
+            got=k.raw(key),
+        )
+    return p
+
+
+def _gpt2(k: Keys) -> Parts:
+    hidden = k.size("n_embd")
+    heads = k.size("n_head")
+    if hidden % heads:
+        raise InputError("n_head", f"must divide n_embd={hidden}", got=heads)
+    activation = k.raw("activation_function", "gelu_new")
+    if activation not in GELU_VARIANTS:
+        raise one_of("activation_function", activation, GELU_VARIANTS)
+    k.off("reorder_and_upcast_attn", False, "must be false (the upcast attention is not modelled)")
+    k.off(
+        "scale_attn_by_inverse_layer_idx",
+        False,
+        "must be false (per-layer attention scaling is not modelled)",
+    )
+    k.off("scale_attn_weights", True, "must be true (unscaled attention is not modelled)")
+    resid = _dropout_on(k, "resid_pdrop")
+    embeddings = Embeddings(
+        vocab=k.size("vocab_size"),
+        hidden=hidden,
+        tied=k.flag("tie_word_embeddings", True),
+        learned_positions=True,
+        max_positions=k.size("n_positions", 1024),
+        dropout=_dropout_on(k, "embd_pdrop"),
+    )
+    attention = Attention(
+        heads=heads,
+        kv_heads=heads,
+        head_dim=hidden // heads,
+        qkv_bias=True,
+        o_bias=True,
+        fused_qkv=True,
+        dropout=_dropout_on(k, "attn_pdrop"),
+        output_dropout=resid,
+    )
+    mlp = MLP(
+        intermediate=k.size("n_inner", 4 * hidden),
+        gated=False,
+        activation=str(activation),
+        bias=True,
+        dropout=resid,
+    )
+    return k.size("n_layer"), embeddings, attention, mlp, Norms(kind="layernorm")
+
+
+GPT2 = Reader(
+    "gpt2",
+    keys={
+        "n_embd": "embeddings.hidden",
+        "vocab_size": "embeddings.vocab",
+        "tie_word_embeddings": "embeddings.tied",
+        "n_positions": "embeddings.max_positions",
+        "embd_pdrop": "embeddings.dropout (> 0 only)",
+        "n_layer": "layers",
+        "n_head": "attention.heads (= kv_heads)",
+        "attn_pdrop": "attention.dropout (> 0 only)",
+        "resid_pdrop": "attention.output_dropout, mlp.dropout (> 0 only)",
+        "reorder_and_upcast_attn": "(false only)",
+        "scale_attn_by_inverse_layer_idx": "(false only)",
+        "scale_attn_weights": "(true only)",
+        "n_inner": "mlp.intermediate",
+        "activation_function": "mlp.activation",
+    },
+    harmless=(
+        "layer_norm_epsilon",
+        "n_ctx",
+        "summary_activation",
+        "summary_first_dropout",
+        "summary_proj_to_labels",
+        "summary_type",
+        "summary_use_proj",
+    ),
+    parts=_gpt2,
+)
+"""``n_ctx`` is a legacy alias of ``n_positions`` that GPT-2's model does not read; the
+``summary_*`` keys configure the double-heads model's classifier, not the causal LM."""
+
+
+READERS: Mapping[str, Reader] = {r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2)}
+"""The reader of each supported ``model_type``."""
+
+MODEL_TYPES: tuple[str, ...] = tuple(sorted(READERS))
+
+
+def read_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec:
+    """Check the keys every reader shares, then read ``cfg`` with its ``model_type``'s reader.
+
+    >>> read_config({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+    ...     "vocab_size": 100, "resid_pdrop": 0.0})
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: resid_pdrop: must be > 0 (GPT-2's activation formula is derived with dropout on; 0 is not modelled) (got 0.0)
+    """
+    if not isinstance(cfg, Mapping):
+        raise InputError("config", "must be a JSON object", got=type(cfg).__name__)
+    model_type = cfg.get("model_type")
+    if model_type not in READERS:
+        raise one_of("model_type", model_type, MODEL_TYPES)
+    for key, what in REFUSED_KEYS.items():
+        value = cfg.get(key)
+        # "none" is null, false, or a count of 0 or 1 (one expert is a dense MLP); true is on
+        if value is not None and value is not False and (value is True or value not in (0, 1)):
+            raise InputError(key, f"{what} is not supported yet (dense decoders only)", got=value)
+    for key in _MUST_BE_OFF:
+        if cfg.get(key) not in (None, False):
+            raise InputError(
+                key, "must be false (its returned tensors are not modelled)", got=cfg[key]
+            )
+    label = name if name is not None else str(cfg.get("_name_or_path") or model_type)
+    return READERS[str(model_type)].read(cfg, label)
+
+
+__all__ = [
+    "COMMON_HARMLESS",
+    "GELU_VARIANTS",
+    "MAX_SIZE",
+    "MODEL_TYPES",
+    "READERS",
+    "REFUSED_KEYS",
+    "Keys",
+    "Reader",
+    "bounded_int",
+    "divisors_text",
+    "read_config",
+]
