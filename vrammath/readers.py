@@ -414,7 +414,8 @@ QWEN2 = Reader(
         "max_window_layers": "attention.window_layers (layers from this index slide)",
         "layer_types": "attention.window_layers (count of sliding_attention)",
     },
-    harmless=_DECODER_HARMLESS,
+    # use_mrope is Qwen2-VL's multimodal RoPE flag; Qwen2ForCausalLM never reads it
+    harmless=(*_DECODER_HARMLESS, "use_mrope"),
     parts=_qwen2,
 )
 
