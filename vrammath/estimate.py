@@ -30,7 +30,7 @@ from vrammath.presets import GPU, gpu
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import N_d, P, b, m, p, r, s, t
-from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, Context, Group, Term, text
+from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, Context, Group, Term, per_rank, text
 from vrammath.units import fmt_gb, fmt_gib
 
 
@@ -257,21 +257,15 @@ def _offloaded(setup: Setup, term: Term) -> bool:
     return term.offload == "optimizer" and setup.offload_optimizer
 
 
-def _per_rank(term: Term, ctx: Context) -> sympy.Expr | None:
-    """The row's expression on one rank: built, sharded over N_d from its stage, and moved to
-    the host by its offload (a GPU shard that is offloaded is 0; a CPU row needs its offload)."""
-    setup = ctx.setup
-    if term.device == "cpu" and not _offloaded(setup, term):
+def _built(term: Term, ctx: Context) -> sympy.Expr | None:
+    """The row on one rank, or None where it does not exist (a CPU row needs its offload)."""
+    offloaded = _offloaded(ctx.setup, term)
+    if term.device == "cpu" and not offloaded:
         return None
     expr = term.builder(ctx)
     if expr is None:
         return None
-    sharded = term.sharded_from is not None and setup.zero >= term.sharded_from
-    if sharded:
-        expr = expr / N_d
-    if term.device == "gpu" and sharded and _offloaded(setup, term):
-        return sympy.Integer(0)  # streamed shard by shard to the host, which keeps it
-    return expr
+    return per_rank(term, expr, zero=ctx.setup.zero, offloaded=offloaded)
 
 
 def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
@@ -324,7 +318,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS, gelu: str = "gelu
     built: list[tuple[Term, sympy.Expr]] = []
     comps: list[Component] = []
     for term in terms:
-        expr = _per_rank(term, ctx)
+        expr = _built(term, ctx)
         if expr is None:
             continue
         built.append((term, expr))

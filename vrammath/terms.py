@@ -20,35 +20,34 @@ Examples
 >>> TERMS_BY_KEY["gradients"].sharded_from, TERMS_BY_KEY["gradients"].live
 (2, 'backward+step')
 
-How to add a term
-=================
+.. rubric:: How to add a term
 
 Write its builder (a function of a :class:`Context`, returning the whole-model bytes as a sympy
 expression in the symbols of :mod:`vrammath.symbols`, or ``None`` where the term does not
 exist), give it a row, and append the row to the table -- :data:`TERMS` in this module for a term
 every estimate should have, or a table of your own passed to ``estimate(..., terms=...)``. Its
-group decides which phases it enters; nothing else changes. Here, the pinned-memory staging
-buffer a data loader keeps on the GPU, one micro-batch of token ids (int64, ``8 b s``), live
-through the whole iteration:
+group decides which phases it enters, its ``sharded_from`` how ZeRO divides it; nothing else
+changes. Here, an exponential moving average of the weights (``torch_ema``'s shadow copy: one
+fp32 tensor per parameter, ``4 P``), resident through the whole iteration, so in the weights group:
 
 >>> from vrammath.estimate import estimate
 >>> from vrammath.presets import load_model
 >>> from vrammath.setup import Setup
->>> from vrammath.symbols import b, s
->>> batch = Term(
-...     key="input_ids",
-...     label="input token ids",
+>>> from vrammath.symbols import P
+>>> ema = Term(
+...     key="ema",
+...     label="EMA of the weights (fp32)",
 ...     device="gpu",
-...     builder=lambda ctx: 8 * b * s,
-...     group="activations",
+...     builder=lambda ctx: 4 * P,
+...     group="weights",
 ...     live="resident",
 ... )
->>> setup = Setup(load_model("gpt2"), micro_batch=4, seq_len=1024)
->>> with_batch = estimate(setup, terms=TERMS + (batch,))
->>> with_batch.component("input_ids").bytes
-32768
->>> with_batch.gpu_bytes - estimate(setup).gpu_bytes
-32768
+>>> setup = Setup(load_model("gpt2"))
+>>> with_ema = estimate(setup, terms=TERMS + (ema,))
+>>> with_ema.component("ema").expr, with_ema.component("ema").bytes
+(4*P, 497759232)
+>>> with_ema.gpu_bytes - estimate(setup).gpu_bytes
+497759232
 
 Add a test that pins its value on one real model (``tests/test_terms.py``), a docstring in
 sympy's order with the source of the formula, and, for a term the default table gains, run
@@ -85,7 +84,7 @@ from vrammath.peft import (
 )
 from vrammath.setup import PRECISION_OF, Setup
 from vrammath.states import Recipe, model_state_exprs, optimizer_step_temp_expr, recipe
-from vrammath.symbols import L, P
+from vrammath.symbols import L, N_d, P
 
 Device = Literal["gpu", "cpu"]
 Group = Literal["weights", "optimizer", "gradients", "activations", "temporaries", "in-flight"]
@@ -236,6 +235,26 @@ class Term:
     offload: Offload | None = None
     note: Text = ""
     listed: bool = True
+
+
+def per_rank(term: Term, expr: sympy.Expr, *, zero: int, offloaded: bool) -> sympy.Expr:
+    """A row's whole-model ``expr`` on one rank: divided over ``N_d`` from the row's ZeRO stage,
+    and 0 on the GPU when its offload is on and it is sharded (each rank's shard streams to the
+    host, which keeps it: the row's CPU twin).
+
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=False)
+    2*P/N_d
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=1, offloaded=True)
+    2*P
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=True)
+    0
+    """
+    sharded = term.sharded_from is not None and zero >= term.sharded_from
+    if sharded:
+        expr = expr / N_d
+    if term.device == "gpu" and sharded and offloaded:
+        return sympy.Integer(0)
+    return expr
 
 
 def text(value: Text, ctx: Context) -> str:
@@ -469,5 +488,6 @@ __all__ = [
     "Live",
     "Offload",
     "Term",
+    "per_rank",
     "text",
 ]
