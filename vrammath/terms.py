@@ -121,7 +121,7 @@ class Context:
     # Setup's choices are validated strings; the formulas take their Literal types.
     @property
     def precision(self) -> Precision:
-        """The dtype the forward runs in (:data:`vrammath.setup.PRECISION_OF`)."""
+        """The dtype the forward runs in (``vrammath.setup.PRECISION_OF`` of the recipe)."""
         return cast(Precision, PRECISION_OF[self.setup.recipe])
 
     @property
