@@ -1,4 +1,4 @@
-"""Phase peaks of a training step (pure formulas, no torch)."""
+"""Phase peaks of a training step (pure formulas, no torch), through estimate()."""
 
 from __future__ import annotations
 
@@ -6,51 +6,86 @@ import pytest
 import sympy
 
 from vrammath.errors import InputError
-from vrammath.peak import peak_bytes, phase_bytes, step_phases
+from vrammath.estimate import estimate
+from vrammath.model import ModelSpec
+from vrammath.peak import Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import load_model
+from vrammath.setup import Setup, with_changes
 from vrammath.states import model_state_bytes, optimizer_step_temp_bytes
+from vrammath.symbols import P, b, h, s
+from vrammath.terms import TERMS
+
+
+def pure(spec: ModelSpec, implementation: str = "foreach", **kw: object) -> Setup:
+    """bf16 weights, gradients and states (no master copy), 512 tokens: the measured recipe."""
+    return with_changes(
+        Setup(spec, recipe="bf16-pure", seq_len=512, implementation=implementation), **kw
+    )
 
 
 def test_step_peak_is_states_plus_gradients_plus_temporaries() -> None:
     spec = load_model("llama-7b")
     st = model_state_bytes(spec, "bf16-pure", "adamw")
     temps = optimizer_step_temp_bytes(spec, "bf16-pure", "adamw", "foreach")
-    ph = phase_bytes(step_phases(spec, precision="bf16"), spec, batch=1, seq=512)
+    ph = estimate(pure(spec)).phases
     assert ph["step_peak"] == st["weights"] + st["gradients"] + st["optimizer"] + temps
 
 
 def test_first_iteration_has_no_states_before_its_step() -> None:
     spec = load_model("llama-7b")
-    steady = phase_bytes(step_phases(spec), spec, batch=1, seq=512)
-    first = phase_bytes(step_phases(spec, iteration="first"), spec, batch=1, seq=512)
+    steady = estimate(pure(spec)).phases
+    first = estimate(pure(spec, iteration="first")).phases
     opt = model_state_bytes(spec, "bf16-pure", "adamw")["optimizer"]
-    assert steady["forward_end"] - first["forward_end"] == opt
+    assert steady["forward_peak"] - first["forward_peak"] == opt
+    assert steady["backward_peak"] - first["backward_peak"] == opt
     assert steady["step_peak"] == first["step_peak"]
 
 
 def test_fused_adds_no_temporaries_and_zero3_divides_states() -> None:
     spec = load_model("llama-7b")
-    fused = phase_bytes(step_phases(spec, implementation="fused"), spec, batch=1, seq=512)
+    fused = estimate(pure(spec, "fused"))
     st = model_state_bytes(spec, "bf16-pure", "adamw")
-    assert fused["step_peak"] == sum(st.values())
-    z3 = phase_bytes(
-        step_phases(spec, implementation="fused", zero3_ranks=8), spec, batch=1, seq=512
+    assert fused.phases["step_peak"] == sum(st.values())
+    z3 = estimate(pure(spec, "fused", zero=3, gpus=8, seq_len=16))
+    assert z3.phases["step_peak"] == pytest.approx(sum(st.values()) / 8, abs=1)
+
+
+def test_zero3_backward_end_holds_gathered_layers_and_one_reduce_buffer() -> None:
+    # the reduce buffer is a phase transient, not a listed component
+    spec = load_model("llama-7b")
+    z3 = estimate(pure(spec, "fused", zero=3, gpus=8, seq_len=16))
+    assert "reduce_buffer" not in [c.key for c in z3.components]
+    assert z3.component("gathered").bytes == 2 * 2 * 202383360  # two llama-7b layers in bf16
+    without = estimate(
+        pure(spec, "fused", zero=3, gpus=8, seq_len=16),
+        terms=tuple(t for t in TERMS if t.key != "reduce_buffer"),
     )
-    assert z3["step_peak"] == pytest.approx(sum(st.values()) / 8, abs=1)
+    # at 16 tokens the end of backward is the peak: one layer's bf16 gradients more
+    assert z3.phases["backward_peak"] - without.phases["backward_peak"] == 2 * 202383360
+    assert z3.phases["forward_peak"] == without.phases["forward_peak"]
 
 
 def test_peak_is_the_largest_phase_and_forward_grows_with_sequence() -> None:
     spec = load_model("qwen2-72b")
-    ph = step_phases(spec, precision="bf16", recompute="full")
-    short = phase_bytes(ph, spec, batch=1, seq=512)
-    long_ = phase_bytes(ph, spec, batch=1, seq=4096)
-    assert long_["forward_end"] > short["forward_end"]
-    assert sympy.ceiling(peak_bytes(ph, spec, batch=1, seq=4096)) == max(long_.values())
+    short = estimate(Setup(spec, recompute="full", seq_len=512))
+    long_ = estimate(Setup(spec, recompute="full", seq_len=4096))
+    assert long_.phases["forward_peak"] > short.phases["forward_peak"]
+    assert long_.gpu_bytes == max(long_.phases.values())
+
+
+def test_korthikanti_backward_is_the_larger_of_activations_and_gradients() -> None:
+    z = sympy.Integer(0)
+    g = Groups(2 * P, 12 * P, 4 * P, 34 * s * b * h, 4 * P, z, z)
+    ph = korthikanti_phase_peaks(g)
+    assert ph["backward_peak"] == sympy.Max(14 * P + 34 * s * b * h, 18 * P)
+    assert korthikanti_phase_peaks(g, iteration="first")["forward_peak"] == 2 * P + 34 * s * b * h
+    assert ph["step_peak"] == 22 * P
 
 
 def test_unknown_options_raise() -> None:
-    spec = load_model("gpt2")
+    z = sympy.Integer(0)
+    g = Groups(z, z, z, z, z, z, z)
     with pytest.raises(InputError, match="iteration"):
-        step_phases(spec, iteration="third")  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="precision"):
-        step_phases(spec, precision="int8")  # type: ignore[arg-type]
+        hf_phase_peaks(load_model("gpt2"), g, iteration="third")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="iteration"):
+        korthikanti_phase_peaks(g, iteration="third")  # type: ignore[arg-type]

@@ -56,10 +56,10 @@ import sympy
 
 import vrammath
 from vrammath.estimate import estimate
+from vrammath.measure.build import RECIPE_OF
 from vrammath.model import ModelSpec
 from vrammath.parallel import convention_bytes
 from vrammath.params import param_count
-from vrammath.peak import RECIPE_OF
 from vrammath.presets import load_model, raw_config
 from vrammath.setup import Setup
 from vrammath.symbols import N_d, P
@@ -300,7 +300,7 @@ def find_measured(case: Case, rows: list[dict[str, Any]]) -> dict[str, Any] | No
         setup = row.get("setup", row)
         if not isinstance(setup, dict) or row.get("model", setup.get("model")) != case.model:
             continue
-        # matrix rows name a precision (peak.RECIPE_OF maps it) and zero3_ranks (None: unsharded)
+        # matrix rows name a precision (measure.build.RECIPE_OF maps it) and zero3_ranks (None: unsharded)
         recipe = setup.get("recipe") or RECIPE_OF.get(str(setup.get("precision")), "")
         ranks = setup.get("gpus") or setup.get("zero3_ranks") or 1
         stage = setup.get("zero", 3 if setup.get("zero3_ranks") else 0)

@@ -24,35 +24,20 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from vrammath.activations import activation_exprs, korthikanti_first_stage_bytes
-from vrammath.parallel import shard_model_states
-from vrammath.params import layer_param_expr, param_count, rank_param_count
-from vrammath.peak import compose_phases
-from vrammath.peft import lora_terms
+from vrammath.params import param_count, rank_param_count
+from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
-from vrammath.setup import PRECISION_OF, Setup
-from vrammath.states import (
-    model_state_exprs,
-    optimizer_step_temp_expr,
-    recipe,
-    state_values,
-)
+from vrammath.setup import Setup
+from vrammath.states import state_values
 from vrammath.symbols import N_d, P, b, m, p, r, s, t
+from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, Context, Group, Term, per_rank, text
 from vrammath.units import fmt_gb, fmt_gib
-
-PHASES = ("forward_peak", "backward_peak", "step_peak")
-
-_STATE_LABELS = {
-    "weights": "weights",
-    "gradients": "gradients",
-    "master": "master weights (fp32)",
-    "optimizer": "optimizer states",
-}
 
 
 @dataclass(frozen=True)
 class Component:
-    """One memory term: where it lives, its expression, its exact value (None = not estimated)."""
+    """One memory term of an estimate: where it lives, its expression, its exact value
+    (None = not estimated), and its phase group (a row of :data:`vrammath.terms.TERMS`, built)."""
 
     key: str
     label: str
@@ -60,6 +45,7 @@ class Component:
     expr: sympy.Expr | None
     bytes: int | None
     note: str = ""
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,7 +60,7 @@ class Estimate:
     @property
     def phases(self) -> dict[str, int]:
         """Bytes live at the peak of each phase of a training iteration (forward, backward,
-        optimizer step), per GPU; see :func:`vrammath.peak.compose_phases`."""
+        optimizer step), per GPU; see :mod:`vrammath.peak`."""
         return {k: _value(e, self.values) for k, e in self.phase_exprs.items()}
 
     def component(self, key: str) -> Component:
@@ -84,11 +70,11 @@ class Estimate:
                 return comp
         raise KeyError(f"no component {key!r}; have {[c.key for c in self.components]}")
 
-    def _total(self, device: str, keys: tuple[str, ...] | None = None) -> int:
+    def _total(self, device: str, groups: tuple[str, ...] | None = None) -> int:
         return sum(
             c.bytes
             for c in self.components
-            if c.device == device and c.bytes is not None and (keys is None or c.key in keys)
+            if c.device == device and c.bytes is not None and (groups is None or c.group in groups)
         )
 
     def gpu_expr(self) -> sympy.Expr:
@@ -103,7 +89,7 @@ class Estimate:
     @property
     def model_state_bytes(self) -> int:
         """Weights + gradients + master + optimizer states on one GPU."""
-        return self._total("gpu", _MODEL_STATE_KEYS)
+        return self._total("gpu", STATE_GROUPS)
 
     @property
     def gpu_bytes(self) -> int:
@@ -243,183 +229,12 @@ class Estimate:
         return "\n".join(lines)
 
 
-def _state_components(setup: Setup, values: dict[sympy.Symbol, int]) -> list[Component]:
-    exprs = model_state_exprs(setup.model, setup.recipe, setup.optimizer)
-    rec = recipe(setup.recipe)
-    gpu_exprs, cpu_exprs = shard_model_states(
-        exprs,
-        setup.zero,
-        offload_optimizer=setup.offload_optimizer,
-        offload_params=setup.offload_params,
-    )
-    out = []
-    for key, expr in gpu_exprs.items():
-        if key == "master" and rec.master == 0:
-            continue
-        out.append(Component(key, _STATE_LABELS[key], "gpu", expr, _value(expr, values)))
-    for key, expr in cpu_exprs.items():
-        out.append(
-            Component(
-                f"cpu_{key}", _STATE_LABELS[key] + " (offloaded)", "cpu", expr, _value(expr, values)
-            )
-        )
-    return out
-
-
-_MODEL_STATE_KEYS = (
-    "weights",
-    "gradients",
-    "master",
-    "optimizer",
-    "quant_constants",
-    "adapter_weights",
-    "adapter_gradients",
-    "adapter_master",
-    "adapter_optimizer",
-)
-_LORA_SHARD = {
-    "weights": 3,  # ZeRO stage from which each LoRA term is sharded over N_d
-    "quant_constants": 3,
-    "adapter_weights": 3,
-    "adapter_gradients": 2,
-    "adapter_master": 1,
-    "adapter_optimizer": 1,
-    "step_temporaries": 1,
-}
-
-
-def _lora_components(setup: Setup, values: dict[sympy.Symbol, int]) -> list[Component]:
-    assert setup.lora_rank is not None
-    values[r] = setup.lora_rank
-    terms = lora_terms(
-        setup.model,
-        setup.lora_rank,
-        setup.lora_targets,
-        setup.recipe,
-        setup.optimizer,
-        setup.implementation,
-        quant=setup.quant,
-        dropout=setup.lora_dropout,
-        recompute=setup.recompute,
-    )
-    out = []
-    for term in terms:
-        expr = term.expr
-        if setup.zero >= _LORA_SHARD.get(term.key, 4):
-            expr = expr / N_d
-        out.append(Component(term.key, term.label, "gpu", expr, _value(expr, values), term.note))
-    return out
-
-
 def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:
     # Shards round up: the last rank holds the padding (DeepSpeed and FSDP pad to N_d).
     return int(sympy.ceiling(expr.subs(values)))
 
 
-def _activation_components(setup: Setup, values: dict[sympy.Symbol, int]) -> list[Component]:
-    spec = setup.model
-    precision = PRECISION_OF[setup.recipe]
-    if setup.activation_formula == "hf":
-        recompute = "full" if setup.recompute == "full" else "none"
-        exprs = activation_exprs(
-            spec,
-            setup.attention,  # type: ignore[arg-type]
-            precision,  # type: ignore[arg-type]
-            recompute,  # type: ignore[arg-type]
-            device=setup.device,  # type: ignore[arg-type]
-        )
-        how = f"{spec.model_type} as transformers runs it, {setup.attention}, {precision}"
-        if setup.lora_rank is not None:
-            # frozen linears keep no inputs for weight gradients: an upper bound under LoRA
-            how += "; full fine-tuning's count, an upper bound with a frozen base"
-        return [
-            Component(
-                "activations",
-                "activations kept for backward",
-                "gpu",
-                exprs["activations"],
-                _value(exprs["activations"], values),
-                how + (", checkpoints only" if recompute == "full" else ""),
-            ),
-            Component(
-                "logits_loss",
-                "logits and loss buffers kept",
-                "gpu",
-                exprs["logits_loss"],
-                _value(exprs["logits_loss"], values),
-                "logits and the fp32 log-softmax the loss keeps for backward",
-            ),
-        ]
-    parallel = "tp_sp" if setup.sp else "tp"
-    expr = korthikanti_first_stage_bytes(
-        parallel,  # type: ignore[arg-type]
-        setup.recompute,  # type: ignore[arg-type]
-        schedule=setup.schedule,  # type: ignore[arg-type]
-        activation_bytes=4 if precision == "fp32" else 2,
-    )
-    return [
-        Component(
-            "activations",
-            "activations, first pipeline stage (Korthikanti et al.)",
-            "gpu",
-            expr,
-            _value(expr, values),
-            "as published: GPT block, 4h GeLU MLP, 1-byte dropout masks",
-        )
-    ]
-
-
-def _phase_exprs(setup: Setup, comps: list[Component]) -> dict[str, sympy.Expr]:
-    by_key = {c.key: c.expr for c in comps if c.device == "gpu" and c.expr is not None}
-
-    def total(*keys: str) -> sympy.Expr:
-        return sympy.Add(*(by_key.get(k, sympy.Integer(0)) for k in keys))
-
-    W = total("weights", "master", "quant_constants", "adapter_weights", "adapter_master")
-    O_ = total("optimizer", "adapter_optimizer")
-    G = total("gradients", "adapter_gradients")
-    T_step = total("step_temporaries")
-    A = total("activations", "logits_loss", "adapter_activations")
-    in_flight = total("gathered", "dequant_buffer")
-    rec = recipe(setup.recipe)
-    if setup.activation_formula == "korthikanti":
-        # Megatron: activations are freed as gradients appear; the backward peak is the larger
-        O_before = O_ if setup.iteration == "steady" else sympy.Integer(0)
-        return {
-            "forward_peak": W + O_before + A + in_flight,
-            "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight,
-            "step_peak": W + O_ + G + T_step,
-        }
-    reduce_buffer = (
-        rec.gradients * layer_param_expr(setup.model) if setup.zero == 3 else sympy.Integer(0)
-    )
-    phases = compose_phases(
-        setup.model,
-        weights=W,
-        optimizer=O_,
-        gradients=G,
-        step_temporaries=T_step,
-        precision=PRECISION_OF[setup.recipe],  # type: ignore[arg-type]
-        attention=setup.attention,  # type: ignore[arg-type]
-        recompute="full" if setup.recompute == "full" else "none",
-        gathered=in_flight,
-        reduce_buffer=reduce_buffer,
-        grad_bytes=rec.gradients,
-        iteration=setup.iteration,  # type: ignore[arg-type]
-        activations=A,
-        device=setup.device,  # type: ignore[arg-type]
-    )
-    return {k: phases[k] for k in PHASES}
-
-
-def estimate(setup: Setup) -> Estimate:
-    """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading),
-    and the peak of each phase of a training iteration.
-
-    With ``tp`` or ``pp`` above 1, ``P`` stands for the parameters of the fullest
-    tensor/pipeline rank (:func:`vrammath.params.rank_param_count`) and the activations are
-    Korthikanti et al.'s first pipeline stage.
-    """
+def _values(setup: Setup) -> dict[sympy.Symbol, int]:
     values: dict[sympy.Symbol, int] = {
         **state_values(setup.model),
         N_d: setup.gpus,
@@ -431,47 +246,110 @@ def estimate(setup: Setup) -> Estimate:
     }
     if setup.tp > 1 or setup.pp > 1:
         values[P] = rank_param_count(setup.model, setup.tp, setup.pp)
-    lora_step: Component | None = None
     if setup.lora_rank is not None:
-        comps = _lora_components(setup, values)
-        lora_step = comps.pop()  # the adapters' step temporaries, appended last below
-    else:
-        comps = _state_components(setup, values)
-    if setup.zero == 3:  # gathered for compute even when the shards live on the CPU
-        rec = recipe(setup.recipe)
-        expr = 2 * rec.weights * layer_param_expr(setup.model)
-        comps.append(
-            Component(
-                "gathered",
-                "gathered layers (ZeRO-3 in flight)",
-                "gpu",
-                expr,
-                _value(expr, values),
-                "current layer + one prefetched, unsharded",
+        values[r] = setup.lora_rank
+    return values
+
+
+def _offloaded(setup: Setup, term: Term) -> bool:
+    if term.offload == "params":
+        return setup.offload_params
+    return term.offload == "optimizer" and setup.offload_optimizer
+
+
+def _built(term: Term, ctx: Context) -> sympy.Expr | None:
+    """The row on one rank, or None where it does not exist (a CPU row needs its offload)."""
+    offloaded = _offloaded(ctx.setup, term)
+    if term.device == "cpu" and not offloaded:
+        return None
+    expr = term.builder(ctx)
+    if expr is None:
+        return None
+    return per_rank(term, expr, zero=ctx.setup.zero, offloaded=offloaded)
+
+
+def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
+    def total(group: Group, *, backward_only: bool = False) -> sympy.Expr:
+        return sympy.Add(
+            *(
+                e
+                for term, e in built
+                if term.device == "gpu"
+                and term.group == group
+                and (term.live == "backward") == backward_only
             )
         )
-    comps += _activation_components(setup, values)
-    if lora_step is not None:
-        comps.append(lora_step)
-    else:
-        step_expr = optimizer_step_temp_expr(
-            setup.model, setup.recipe, setup.optimizer, setup.implementation
-        )
-        if setup.offload_optimizer:
-            step_expr = sympy.Integer(0)  # the step runs on the CPU
-        elif setup.zero >= 1:
-            step_expr = step_expr / N_d  # each rank steps its own shard
-        comps.append(
-            Component(
-                "step_temporaries",
-                f"optimizer step temporaries ({setup.implementation})",
-                "gpu",
-                step_expr,
-                _value(step_expr, values),
-                "transient, during optimizer.step()",
+
+    weights, optimizer, gradients, activations, temporaries, in_flight = (total(g) for g in GROUPS)
+    reduce = total("in-flight", backward_only=True)
+    return Groups(weights, optimizer, gradients, activations, temporaries, in_flight, reduce)
+
+
+def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS, gelu: str = "gelu_new") -> Estimate:
+    """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading),
+    and the peak of each phase of a training iteration.
+
+    Explanation
+    ===========
+
+    The one composition of vrammath: each row of ``terms`` (:data:`vrammath.terms.TERMS`) is
+    built for the setup, divided over ``N_d`` from the row's ZeRO stage, moved to the host by
+    its offload, and evaluated; the rows are summed by phase group
+    (:class:`vrammath.peak.Groups`), and the phase model -- HF-exact
+    (:func:`vrammath.peak.hf_phase_peaks`) or Korthikanti et al.'s
+    (:func:`vrammath.peak.korthikanti_phase_peaks`) -- gives the peak of each phase.
+
+    With ``tp`` or ``pp`` above 1, ``P`` stands for the parameters of the fullest
+    tensor/pipeline rank (:func:`vrammath.params.rank_param_count`) and the activations are
+    Korthikanti et al.'s first pipeline stage.
+
+    Parameters
+    ==========
+
+    setup : Setup
+    terms : tuple of vrammath.terms.Term
+        The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
+    gelu : str
+        GPT-2's ``activation_function``, which the model record does not keep (``gelu_new``,
+        GPT-2's own, unless the config says otherwise).
+    """
+    values = _values(setup)
+    ctx = Context(setup, gelu)
+    built: list[tuple[Term, sympy.Expr]] = []
+    comps: list[Component] = []
+    for term in terms:
+        expr = _built(term, ctx)
+        if expr is None:
+            continue
+        built.append((term, expr))
+        if term.listed:
+            comps.append(
+                Component(
+                    term.key,
+                    text(term.label, ctx),
+                    term.device,
+                    expr,
+                    _value(expr, values),
+                    text(term.note, ctx),
+                    term.group,
+                )
             )
+    groups = _groups(built)
+    if setup.activation_formula == "korthikanti":
+        phases = korthikanti_phase_peaks(groups, iteration=ctx.iteration)
+    else:
+        phases = hf_phase_peaks(
+            setup.model,
+            groups,
+            precision=ctx.precision,
+            attention=ctx.attention,
+            recompute=ctx.hf_recompute,
+            grad_bytes=ctx.recipe.gradients,
+            iteration=ctx.iteration,
+            gelu=gelu,
+            device=ctx.device,
         )
-    return Estimate(setup, tuple(comps), values, _phase_exprs(setup, comps))
+    return Estimate(setup, tuple(comps), values, {k: phases[k] for k in PHASES})
 
 
 __all__ = [

@@ -96,34 +96,27 @@ def shard_model_states(
     >>> gpu, cpu
     ({'weights': 2*P, 'gradients': 0, 'master': 0, 'optimizer': 0}, {'master': 4*P/N_d, 'optimizer': 8*P/N_d, 'gradients': 4*P/N_d})
     """
+    # The rows of vrammath.terms say which stage shards each state and which offload moves it;
+    # imported here because vrammath.terms reaches this module through vrammath.setup.
+    from vrammath.terms import TERMS_BY_KEY, per_rank
+
     stage = zero_stage(stage)
     if offload_params and stage != 3:
         raise InputError("offload_params", "needs ZeRO stage 3 (FULL_SHARD)", got=stage)
     if offload_optimizer and stage == 0:
         raise InputError("offload_optimizer", "needs ZeRO stage 1, 2 or 3", got=stage)
-    zero = sympy.Integer(0)
-
-    def part(expr: sympy.Expr, sharded: bool) -> sympy.Expr:
-        return expr / N_d if sharded else expr
-
-    gpu = {
-        "weights": part(states["weights"], stage >= 3),
-        "gradients": part(states["gradients"], stage >= 2),
-        "master": part(states["master"], stage >= 1),
-        "optimizer": part(states["optimizer"], stage >= 1),
-    }
+    flags = {"params": offload_params, "optimizer": offload_optimizer, None: False}
+    gpu: dict[str, sympy.Expr] = {}
     cpu: dict[str, sympy.Expr] = {}
-    if offload_optimizer:
-        cpu["master"] = gpu["master"]
-        cpu["optimizer"] = gpu["optimizer"]
-        cpu["gradients"] = fp32_grad_bytes_per_param * P / N_d
-        gpu["master"] = zero
-        gpu["optimizer"] = zero
-        if stage >= 2:
-            gpu["gradients"] = zero
-    if offload_params:
-        cpu["weights"] = gpu["weights"]
-        gpu["weights"] = zero
+    for key in ("weights", "gradients", "master", "optimizer"):
+        term = TERMS_BY_KEY[key]
+        gpu[key] = per_rank(term, states[key], zero=stage, offloaded=flags[term.offload])
+    for key in ("master", "optimizer", "gradients", "weights"):
+        term = TERMS_BY_KEY["cpu_" + key]
+        if flags[term.offload]:
+            # CPU Adam keeps an fp32 copy of its gradient partition
+            expr = fp32_grad_bytes_per_param * P if key == "gradients" else states[key]
+            cpu[key] = per_rank(term, expr, zero=stage, offloaded=True)
     return gpu, cpu
 
 

@@ -247,32 +247,66 @@ def model_state_bytes(
     return {name: int(expr.subs(values)) for name, expr in exprs.items()}
 
 
-def optimizer_step_temp_expr(
-    spec: ModelSpec, recipe_name: str, optimizer: str, implementation: str
+def step_temporaries_expr(
+    optimizer: str,
+    implementation: str,
+    state_bytes: int,
+    *,
+    params: sympy.Expr,
+    largest: sympy.Expr,
 ) -> sympy.Expr:
-    """Transient bytes allocated inside ``optimizer.step()`` for PyTorch's Adam/AdamW/SGD.
+    """Transient bytes allocated inside ``optimizer.step()`` of PyTorch's Adam/AdamW/SGD over a
+    set of tensors with ``params`` elements in all, the largest of them ``largest`` elements.
 
     * ``fused``: the kernel updates in place -- no temporaries.
     * ``foreach``: ``_foreach_sqrt`` of the second moments materialises one state-sized copy of
-      every parameter at once (``P * state bytes``).
+      every tensor at once (``params * state_bytes``).
     * ``for-loop``: ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` briefly holds two temporaries of
       the largest tensor.
 
-    Optimizers other than Adam/AdamW are reported as 0 here (SGD's update is in place).
+    Optimizers other than Adam/AdamW are 0 here (SGD's update is in place). The whole model
+    (:func:`optimizer_step_temp_expr`) and LoRA's adapters alone both use this rule.
 
-    >>> from vrammath.presets import load_model
-    >>> optimizer_step_temp_expr(load_model("llama-7b"), "fp32", "adamw", "foreach")
+    >>> from vrammath.symbols import h
+    >>> step_temporaries_expr("adamw", "for-loop", 4, params=P, largest=h**2)
+    8*h**2
+    >>> step_temporaries_expr("adamw", "foreach", 4, params=P, largest=h**2)
     4*P
+
+    References
+    ==========
+
+    .. [1] PyTorch ``torch/optim/adam.py``: ``_single_tensor_adam``, ``_multi_tensor_adam``,
+       ``_fused_adam``.
     """
-    rec = recipe(recipe_name)
     _check_optimizer(optimizer)
     if implementation not in IMPLEMENTATIONS:
         raise one_of("implementation", implementation, IMPLEMENTATIONS)
     if optimizer not in ("adam", "adamw") or implementation == "fused":
         return sympy.Integer(0)
     if implementation == "foreach":
-        return rec.state * P
-    return sympy.Integer(2 * largest_tensor_numel(spec) * rec.state)
+        return state_bytes * params
+    return 2 * state_bytes * largest
+
+
+def optimizer_step_temp_expr(
+    spec: ModelSpec, recipe_name: str, optimizer: str, implementation: str
+) -> sympy.Expr:
+    """Transient bytes allocated inside ``optimizer.step()`` over the whole model
+    (:func:`step_temporaries_expr` with the recipe's state width).
+
+    >>> from vrammath.presets import load_model
+    >>> optimizer_step_temp_expr(load_model("llama-7b"), "fp32", "adamw", "foreach")
+    4*P
+    """
+    rec = recipe(recipe_name)
+    return step_temporaries_expr(
+        optimizer,
+        implementation,
+        rec.state,
+        params=P,
+        largest=sympy.Integer(largest_tensor_numel(spec)),
+    )
 
 
 def optimizer_step_temp_bytes(
@@ -334,5 +368,6 @@ __all__ = [
     "optimizer_table",
     "recipe",
     "state_values",
+    "step_temporaries_expr",
     "tensor_optimizer_expr",
 ]

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vrammath.activations import hf_activation_bytes
-from vrammath.measure.build import as_spec, gelu_of
-from vrammath.peak import RECIPE_OF, phase_bytes, step_phases
-from vrammath.states import model_state_bytes
+from vrammath.estimate import estimate
+from vrammath.measure.build import RECIPE_OF, as_spec, gelu_of
+from vrammath.setup import Setup, with_changes
 
 TOLERANCE = {"exact": 0.0, "activations": 0.01, "peak": 0.01}
 EXACT = ("parameters", "gradients", "optimizer")
@@ -146,54 +145,56 @@ def step_counter_bytes(spec: Any, optimizer: str) -> int:
     return 4 * sum(int(t.count.subs(values)) for t in tensors(spec))
 
 
+def setup_of(row: dict[str, Any], *, device: str = "cpu") -> Setup:
+    """The :class:`~vrammath.setup.Setup` a matrix row measures: its precision's recipe
+    (:data:`~vrammath.measure.build.RECIPE_OF`), FSDP2 over ``zero3_ranks`` as ZeRO-3 on that
+    many GPUs, the batch, sequence, attention, recomputation and optimizer of the row.
+
+    >>> setup_of(ROWS[8]).zero, setup_of(ROWS[8]).gpus, setup_of(ROWS[8]).recipe
+    (3, 8, 'bf16-pure')
+    """
+    ranks = row["zero3_ranks"]
+    return Setup(
+        as_spec(_model_arg(row["model"])),
+        recipe=RECIPE_OF[row["precision"]],
+        optimizer=row["optimizer"],
+        implementation=row["implementation"],
+        zero=3 if ranks else 0,
+        gpus=ranks or 1,
+        micro_batch=row["batch"],
+        seq_len=row["seq"],
+        attention=row["attention"],
+        recompute=row["recompute"],
+        device=device,
+    )
+
+
 def estimate_row(row: dict[str, Any], *, device: str = "cpu") -> dict[str, int]:
-    """vrammath's numbers for one row (bytes per component, steady state unless named first).
+    """vrammath's numbers for one row (bytes per component, steady state unless named first):
+    :func:`vrammath.estimate.estimate` of :func:`setup_of` the row, in the measured components.
 
     ``device="cpu"`` gives what the fake-tensor CPU count sees (CPU dropout and LayerNorm kernels,
     AdamW's step counters on the device); ``"cuda"`` what a GPU's allocator should see.
     """
-    from vrammath.params import size_values
-    from vrammath.symbols import b, s
+    setup = setup_of(row, device=device)
+    gelu = gelu_of(_model_arg(row["model"]))
+    steady = estimate(setup, gelu=gelu)
+    first = estimate(with_changes(setup, iteration="first"), gelu=gelu)
 
-    model = _model_arg(row["model"])
-    spec = as_spec(model)
-    gelu = gelu_of(model)
-    states = model_state_bytes(spec, RECIPE_OF[row["precision"]], row["optimizer"])
-    n = row["zero3_ranks"] or 1
-    act = hf_activation_bytes(
-        spec, row["attention"], row["precision"], row["recompute"], gelu=gelu, device=device
-    )
-    common = {
-        "precision": row["precision"],
-        "attention": row["attention"],
-        "recompute": row["recompute"],
-        "optimizer": row["optimizer"],
-        "implementation": row["implementation"],
-        "zero3_ranks": row["zero3_ranks"],
-        "gelu": gelu,
-        "device": device,
+    def part(*keys: str) -> int:
+        return sum(c.bytes or 0 for c in steady.components if c.key in keys)
+
+    counters = device == "cpu" or row["implementation"] == "fused"
+    return {
+        "parameters": part("weights", "master"),
+        "gradients": part("gradients"),
+        "optimizer": part("optimizer")
+        + (step_counter_bytes(setup.model, row["optimizer"]) if counters else 0),
+        "activations": part("activations", "logits_loss"),
+        **steady.phases,
+        "peak": steady.gpu_bytes,
+        "first_peak": first.gpu_bytes,
     }
-    steady = phase_bytes(
-        step_phases(spec, iteration="steady", **common), spec, batch=row["batch"], seq=row["seq"]
-    )
-    first = phase_bytes(
-        step_phases(spec, iteration="first", **common), spec, batch=row["batch"], seq=row["seq"]
-    )
-    out = {
-        "parameters": (states["weights"] + states["master"]) // n,
-        "gradients": states["gradients"] // n,
-        "optimizer": states["optimizer"] // n
-        + (
-            step_counter_bytes(spec, row["optimizer"])
-            if device == "cpu" or row["implementation"] == "fused"
-            else 0
-        ),
-        "activations": int(act.subs({**size_values(spec), b: row["batch"], s: row["seq"]})),
-    }
-    out.update({k: v for k, v in steady.items() if k != "forward_end"})
-    out["peak"] = max(steady.values())
-    out["first_peak"] = max(first.values())
-    return out
 
 
 def measured_row(result: dict[str, Any]) -> dict[str, int]:

@@ -1,0 +1,135 @@
+"""The table of memory terms and its one composition (vrammath.terms, vrammath.estimate)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sympy
+
+from vrammath.estimate import estimate
+from vrammath.measure.build import gelu_of
+from vrammath.measure.matrix import ROWS, _model_arg, setup_of, step_counter_bytes
+from vrammath.parallel import shard_model_states
+from vrammath.params import param_count
+from vrammath.presets import load_model
+from vrammath.setup import Setup, with_changes
+from vrammath.states import model_state_exprs
+from vrammath.symbols import N_d, P
+from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, TERMS_BY_KEY
+
+GOLDEN: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parent / "data" / "golden.json").read_text()
+)["matrix"]
+
+
+def test_the_table_is_well_formed() -> None:
+    assert len(TERMS_BY_KEY) == len(TERMS)
+    for term in TERMS:
+        assert term.group in GROUPS, term.key
+        assert term.sharded_from in (None, 1, 2, 3), term.key
+        if term.device == "cpu":  # a host row exists only under its offload
+            assert term.offload is not None, term.key
+    assert [t.key for t in TERMS if not t.listed] == ["reduce_buffer"]
+    assert {t.key for t in TERMS if t.device == "gpu" and t.group in STATE_GROUPS} == {
+        "weights",
+        "gradients",
+        "master",
+        "optimizer",
+        "quant_constants",
+        "adapter_weights",
+        "adapter_gradients",
+        "adapter_master",
+        "adapter_optimizer",
+    }
+
+
+def test_zero_stages_shard_each_state_from_its_row() -> None:
+    spec = load_model("llama-7b")
+    for stage, sharded in ((0, set()), (1, {"master", "optimizer"}), (3, {"weights"})):
+        est = estimate(Setup(spec, zero=stage, gpus=4))
+        for key in ("weights", "master", "optimizer"):
+            expr = est.component(key).expr
+            assert expr is not None
+            assert (N_d in expr.free_symbols) == (key in sharded or stage == 3), (stage, key)
+    est = estimate(Setup(spec, zero=2, gpus=4))
+    assert est.component("gradients").expr == 2 * P / N_d
+    assert est.component("step_temporaries").expr == 4 * P / N_d
+
+
+def test_offload_moves_shards_to_the_host_as_shard_model_states_says() -> None:
+    spec = load_model("llama-7b")
+    setup = Setup(spec, zero=3, gpus=8, offload_optimizer=True, offload_params=True)
+    est = estimate(setup)
+    gpu, cpu = shard_model_states(
+        model_state_exprs(spec, "bf16-mixed", "adamw"),
+        3,
+        offload_optimizer=True,
+        offload_params=True,
+    )
+    for key, expr in gpu.items():
+        assert est.component(key).expr == expr == 0
+    for key, expr in cpu.items():
+        assert est.component("cpu_" + key).expr == expr
+    assert est.cpu_bytes == (4 + 8 + 4 + 2) * param_count(spec) // 8
+    assert est.component("step_temporaries").bytes == 0  # the step runs on the CPU
+    assert est.component("gathered").bytes == 2 * 2 * 202383360  # gathered to the GPU anyway
+
+
+def test_lora_rows_shard_from_their_own_stages() -> None:
+    spec = load_model("llama-7b")
+    est = estimate(Setup(spec, lora_rank=16, zero=2, gpus=4))
+    keys = [c.key for c in est.components]
+    assert "gradients" not in keys
+    assert "master" not in keys
+    assert "adapter_master" not in keys  # fp32 adapters need no master copy
+    n_lora = 2 * 32 * 16 * 2 * 4096  # q and v, A and B, 32 layers, r = 16
+    assert est.component("adapter_weights").bytes == 4 * n_lora
+    assert est.component("adapter_gradients").bytes == 4 * n_lora // 4
+    assert est.component("adapter_optimizer").bytes == 8 * n_lora // 4
+    assert est.model_state_bytes == 2 * param_count(spec) + 4 * n_lora + 12 * n_lora // 4
+
+
+def test_korthikanti_rows_have_no_separate_logits() -> None:
+    est = estimate(Setup(load_model("gpt2"), activation_model="korthikanti"))
+    assert [c.key for c in est.components if c.group == "activations"] == ["activations"]
+    hf = estimate(Setup(load_model("gpt2")))
+    assert [c.key for c in hf.components if c.group == "activations"] == [
+        "activations",
+        "logits_loss",
+    ]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_estimate_gives_the_validation_matrix_numbers(row: dict[str, Any]) -> None:
+    """estimate() of a matrix row's Setup gives the numbers the matrix compares with torch."""
+    golden = GOLDEN[row["id"]]
+    setup = setup_of(row, device="cpu")
+    gelu = gelu_of(_model_arg(row["model"]))
+    est = estimate(setup, gelu=gelu)
+    bytes_ = {c.key: c.bytes or 0 for c in est.components}
+    assert bytes_["weights"] + bytes_.get("master", 0) == golden["parameters"]
+    assert bytes_["gradients"] == golden["gradients"]
+    counters = step_counter_bytes(setup.model, row["optimizer"])  # on the CPU's device
+    assert bytes_["optimizer"] + counters == golden["optimizer"]
+    assert bytes_["activations"] + bytes_["logits_loss"] == golden["activations"]
+    for phase, value in est.phases.items():
+        assert value == golden[phase], phase
+    assert est.gpu_bytes == golden["peak"]
+    assert (
+        estimate(with_changes(setup, iteration="first"), gelu=gelu).gpu_bytes
+        == golden["first_peak"]
+    )
+
+
+def test_gpt2_activation_changes_only_the_mlp() -> None:
+    setup = Setup(load_model("gpt2"), micro_batch=1, seq_len=1024)
+    new = estimate(setup).component("activations")
+    tanh = estimate(setup, gelu="gelu_pytorch_tanh").component("activations")
+    assert new.bytes is not None
+    assert tanh.bytes is not None
+    # gelu_new keeps 4 intermediate tensors, PyTorch's fused tanh GeLU 1: 3 x 2 B x s b I, L layers
+    assert new.bytes - tanh.bytes == 12 * 3 * 2 * 1024 * 3072
+    assert sympy.simplify(new.expr - tanh.expr) != 0

@@ -1,0 +1,493 @@
+"""The table of memory terms: every term of a training setup is one row.
+
+A row (:class:`Term`) says what a term is -- key, label, device, the function that builds its
+whole-model expression, the ZeRO stage from which it is sharded over ``N_d``, the offload that
+moves it off the GPU, its phase group and when it is live -- and nothing about how terms combine.
+:func:`vrammath.estimate.estimate` is the one composition: it builds every row of
+:data:`TERMS` for a :class:`~vrammath.setup.Setup`, shards and offloads it by the row's
+columns, sums the rows by phase group and hands the sums to a phase model of
+:mod:`vrammath.peak`. The table plays the part ``sympy/physics/units/definitions/
+unit_definitions.py`` plays for units: definitions as data, composed elsewhere.
+
+A builder returns ``None`` when its term does not exist for the setup (no master copy in a pure
+16-bit recipe, no adapters in a full fine-tune); the term is then absent from the estimate.
+
+Examples
+========
+
+>>> [t.key for t in TERMS if t.group == "optimizer"]
+['optimizer', 'cpu_optimizer', 'adapter_optimizer']
+>>> TERMS_BY_KEY["gradients"].sharded_from, TERMS_BY_KEY["gradients"].live
+(2, 'backward+step')
+
+.. rubric:: How to add a term
+
+Write its builder (a function of a :class:`Context`, returning the whole-model bytes as a sympy
+expression in the symbols of :mod:`vrammath.symbols`, or ``None`` where the term does not
+exist), give it a row, and append the row to the table -- :data:`TERMS` in this module for a term
+every estimate should have, or a table of your own passed to ``estimate(..., terms=...)``. Its
+group decides which phases it enters, its ``sharded_from`` how ZeRO divides it; nothing else
+changes. Here, an exponential moving average of the weights (``torch_ema``'s shadow copy: one
+fp32 tensor per parameter, ``4 P``), resident through the whole iteration, so in the weights group:
+
+>>> from vrammath.estimate import estimate
+>>> from vrammath.presets import load_model
+>>> from vrammath.setup import Setup
+>>> from vrammath.symbols import P
+>>> ema = Term(
+...     key="ema",
+...     label="EMA of the weights (fp32)",
+...     device="gpu",
+...     builder=lambda ctx: 4 * P,
+...     group="weights",
+...     live="resident",
+... )
+>>> setup = Setup(load_model("gpt2"))
+>>> with_ema = estimate(setup, terms=TERMS + (ema,))
+>>> with_ema.component("ema").expr, with_ema.component("ema").bytes
+(4*P, 497759232)
+>>> with_ema.gpu_bytes - estimate(setup).gpu_bytes
+497759232
+
+Add a test that pins its value on one real model (``tests/test_terms.py``), a docstring in
+sympy's order with the source of the formula, and, for a term the default table gains, run
+``tests/test_golden.py``: the golden numbers move only by the new term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal, cast
+
+import sympy
+
+from vrammath.activations import (
+    Attention,
+    HfRecompute,
+    Parallel,
+    Precision,
+    Recompute,
+    Schedule,
+    activation_exprs,
+    korthikanti_first_stage_bytes,
+)
+from vrammath.params import layer_param_expr
+from vrammath.peak import Iteration
+from vrammath.peft import (
+    dequant_buffer_expr,
+    frozen_base_exprs,
+    lora_activation_layer_expr,
+    lora_state_exprs,
+    lora_step_temp_expr,
+)
+from vrammath.setup import PRECISION_OF, Setup
+from vrammath.states import Recipe, model_state_exprs, optimizer_step_temp_expr, recipe
+from vrammath.symbols import L, N_d, P
+
+Device = Literal["gpu", "cpu"]
+Group = Literal["weights", "optimizer", "gradients", "activations", "temporaries", "in-flight"]
+Live = Literal["resident", "forward+backward", "backward", "backward+step", "step"]
+Offload = Literal["params", "optimizer"]
+
+#: The phase groups, in the order the phase models take them (:class:`vrammath.peak.Groups`).
+GROUPS: tuple[Group, ...] = (
+    "weights",
+    "optimizer",
+    "gradients",
+    "activations",
+    "temporaries",
+    "in-flight",
+)
+#: The groups that are model states (what ``Estimate.model_state_bytes`` sums).
+STATE_GROUPS: tuple[Group, ...] = ("weights", "optimizer", "gradients")
+
+#: CPU Adam keeps an fp32 copy of its gradient partition (ZeRO-Offload).
+CPU_ADAM_GRAD_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a builder reads: the setup, and its choices narrowed to the formulas' types.
+
+    ``gelu`` is GPT-2's ``activation_function``, which :class:`~vrammath.model.ModelSpec` does
+    not keep (the measurement reads it from the config: ``vrammath.measure.build.gelu_of``).
+    """
+
+    setup: Setup
+    gelu: str = "gelu_new"
+
+    # Setup's choices are validated strings; the formulas take their Literal types.
+    @property
+    def precision(self) -> Precision:
+        """The dtype the forward runs in (``vrammath.setup.PRECISION_OF`` of the recipe)."""
+        return cast(Precision, PRECISION_OF[self.setup.recipe])
+
+    @property
+    def attention(self) -> Attention:
+        """The attention kernel."""
+        return cast(Attention, self.setup.attention)
+
+    @property
+    def hf_recompute(self) -> HfRecompute:
+        """Recomputation as transformers runs it: full checkpointing or none."""
+        return "full" if self.setup.recompute == "full" else "none"
+
+    @property
+    def device(self) -> Literal["cuda", "cpu"]:
+        """Where the kernels run."""
+        return cast(Literal["cuda", "cpu"], self.setup.device)
+
+    @property
+    def iteration(self) -> Iteration:
+        """Steady state or the first iteration."""
+        return cast(Iteration, self.setup.iteration)
+
+    @property
+    def recipe(self) -> Recipe:
+        """The precision recipe."""
+        return recipe(self.setup.recipe)
+
+    @property
+    def lora(self) -> bool:
+        """Whether the base is frozen and LoRA adapters train."""
+        return self.setup.lora_rank is not None
+
+    @cached_property
+    def model_states(self) -> dict[str, sympy.Expr]:
+        """The whole model's states (:func:`vrammath.states.model_state_exprs`)."""
+        s = self.setup
+        return model_state_exprs(s.model, s.recipe, s.optimizer)
+
+    @cached_property
+    def frozen_base(self) -> dict[str, sympy.Expr]:
+        """The frozen base under LoRA (:func:`vrammath.peft.frozen_base_exprs`)."""
+        quant = self.setup.quant
+        return frozen_base_exprs(self.setup.model, quant, self.base_bytes)
+
+    @property
+    def base_bytes(self) -> int:
+        """Bytes per element of the frozen base's unquantized parts."""
+        return 2 if self.setup.quant is not None else self.recipe.weights
+
+    @cached_property
+    def adapter_states(self) -> dict[str, sympy.Expr]:
+        """The adapters' states, fp32 as peft makes them (:func:`vrammath.peft.lora_state_exprs`)."""
+        s = self.setup
+        assert s.lora_rank is not None
+        return lora_state_exprs(
+            s.model, s.lora_rank, s.lora_targets, s.recipe, s.optimizer, adapter_dtype="fp32"
+        )
+
+    @cached_property
+    def hf_activations(self) -> dict[str, sympy.Expr]:
+        """HF-exact activations and logits/loss (:func:`vrammath.activations.activation_exprs`)."""
+        return activation_exprs(
+            self.setup.model,
+            self.attention,
+            self.precision,
+            self.hf_recompute,
+            gelu=self.gelu,
+            device=self.device,
+        )
+
+
+Builder = Callable[[Context], sympy.Expr | None]
+Text = str | Callable[[Context], str]
+
+
+@dataclass(frozen=True)
+class Term:
+    """One memory term: a row of :data:`TERMS`.
+
+    Parameters
+    ==========
+
+    key : str
+        Stable name (the component's key in an estimate and in JSON).
+    label, note : str or a function of the Context
+        What the table prints.
+    device : "gpu" or "cpu"
+    builder : Context -> sympy.Expr or None
+        The whole-model (unsharded) bytes; ``None`` where the term does not exist.
+    group : one of :data:`GROUPS`
+        Which total of :class:`vrammath.peak.Groups` the term enters.
+    live : "resident", "forward+backward", "backward", "backward+step" or "step"
+        When the term is alive in an iteration (documentation of the group's place in the
+        phase models, and of the rows that share a group but not a time, as ``reduce_buffer``).
+    sharded_from : int or None
+        The ZeRO stage from which the term is divided over ``N_d`` (None: never).
+    offload : "params", "optimizer" or None
+        A GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
+        sharded); a CPU term exists only under it.
+    listed : bool
+        Whether the estimate lists it as a component (False: a phase transient only).
+    """
+
+    key: str
+    label: Text
+    device: Device
+    builder: Builder
+    group: Group
+    live: Live
+    sharded_from: int | None = None
+    offload: Offload | None = None
+    note: Text = ""
+    listed: bool = True
+
+
+def per_rank(term: Term, expr: sympy.Expr, *, zero: int, offloaded: bool) -> sympy.Expr:
+    """A row's whole-model ``expr`` on one rank: divided over ``N_d`` from the row's ZeRO stage,
+    and 0 on the GPU when its offload is on and it is sharded (each rank's shard streams to the
+    host, which keeps it: the row's CPU twin).
+
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=False)
+    2*P/N_d
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=1, offloaded=True)
+    2*P
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=True)
+    0
+    """
+    sharded = term.sharded_from is not None and zero >= term.sharded_from
+    if sharded:
+        expr = expr / N_d
+    if term.device == "gpu" and sharded and offloaded:
+        return sympy.Integer(0)
+    return expr
+
+
+def text(value: Text, ctx: Context) -> str:
+    """A label or note, evaluated for ``ctx``."""
+    return value if isinstance(value, str) else value(ctx)
+
+
+# --- full fine-tuning: the model's own states ---------------------------------------------------
+
+
+def _weights(ctx: Context) -> sympy.Expr:
+    return ctx.frozen_base["weights"] if ctx.lora else ctx.model_states["weights"]
+
+
+def _weights_label(ctx: Context) -> str:
+    quant = ctx.setup.quant
+    if quant is not None:
+        return f"frozen base weights ({quant} codes + 16-bit rest)"
+    if ctx.lora:
+        width = {1: "int8", 2: "16-bit", 4: "fp32"}.get(ctx.base_bytes, f"{ctx.base_bytes}-byte")
+        return f"frozen base weights ({width})"
+    return "weights"
+
+
+def _state(key: str) -> Builder:
+    def build(ctx: Context) -> sympy.Expr | None:
+        if ctx.lora or (key == "master" and ctx.recipe.master == 0):
+            return None
+        return ctx.model_states[key]
+
+    return build
+
+
+def _offloaded_state(key: str) -> Builder:
+    def build(ctx: Context) -> sympy.Expr:
+        if key == "gradients":  # CPU Adam's fp32 gradient partition
+            return CPU_ADAM_GRAD_BYTES * P
+        return ctx.model_states[key]
+
+    return build
+
+
+# --- LoRA / QLoRA: the frozen base's extras and the adapters ------------------------------------
+
+
+def _quant_constants(ctx: Context) -> sympy.Expr | None:
+    return ctx.frozen_base["quant_constants"] if ctx.setup.quant is not None else None
+
+
+def _adapter(key: str) -> Builder:
+    def build(ctx: Context) -> sympy.Expr | None:
+        if not ctx.lora:
+            return None
+        expr = ctx.adapter_states[key]
+        return None if key == "master" and expr == 0 else expr
+
+    return build
+
+
+def _adapter_note(ctx: Context) -> str:
+    return f"rank {ctx.setup.lora_rank} on {','.join(ctx.setup.lora_targets)}"
+
+
+def _dequant_buffer(ctx: Context) -> sympy.Expr | None:
+    return dequant_buffer_expr(ctx.setup.model, 2) if ctx.setup.quant is not None else None
+
+
+def _adapter_activations(ctx: Context) -> sympy.Expr | None:
+    s = ctx.setup
+    if not ctx.lora:
+        return None
+    layer = lora_activation_layer_expr(
+        s.model, s.lora_targets, input_bytes=ctx.base_bytes, adapter_bytes=4, dropout=s.lora_dropout
+    )
+    return layer if s.recompute == "full" else L * layer
+
+
+def _adapter_activations_label(ctx: Context) -> str:
+    full = ctx.setup.recompute == "full"
+    return "adapter activations (one layer, recomputed)" if full else "adapter activations"
+
+
+def _adapter_activations_note(ctx: Context) -> str:
+    if ctx.setup.recompute == "full":
+        return "kept only while a layer is recomputed"
+    masks = " + dropout masks" if ctx.setup.lora_dropout else ""
+    return "lora_A inputs" + masks + " + lora_A outputs"
+
+
+# --- in flight: ZeRO-3's gathered layers and reduce buffer --------------------------------------
+
+
+def _gathered(ctx: Context) -> sympy.Expr | None:
+    # gathered for compute even when the shards live on the CPU
+    if ctx.setup.zero != 3:
+        return None
+    return 2 * ctx.recipe.weights * layer_param_expr(ctx.setup.model)
+
+
+def _reduce_buffer(ctx: Context) -> sympy.Expr | None:
+    if ctx.setup.zero != 3:
+        return None
+    return ctx.recipe.gradients * layer_param_expr(ctx.setup.model)
+
+
+# --- activations --------------------------------------------------------------------------------
+
+
+def _activations(ctx: Context) -> sympy.Expr:
+    if ctx.setup.activation_formula == "hf":
+        return ctx.hf_activations["activations"]
+    s = ctx.setup
+    parallel: Parallel = "tp_sp" if s.sp else "tp"
+    return korthikanti_first_stage_bytes(
+        parallel,
+        cast(Recompute, s.recompute),
+        schedule=cast(Schedule, s.schedule),
+        activation_bytes=4 if ctx.precision == "fp32" else 2,
+    )
+
+
+def _activations_label(ctx: Context) -> str:
+    if ctx.setup.activation_formula == "hf":
+        return "activations kept for backward"
+    return "activations, first pipeline stage (Korthikanti et al.)"
+
+
+def _activations_note(ctx: Context) -> str:
+    s = ctx.setup
+    if s.activation_formula != "hf":
+        return "as published: GPT block, 4h GeLU MLP, 1-byte dropout masks"
+    how = f"{s.model.model_type} as transformers runs it, {s.attention}, {ctx.precision}"
+    if ctx.lora:
+        # frozen linears keep no inputs for weight gradients: an upper bound under LoRA
+        how += "; full fine-tuning's count, an upper bound with a frozen base"
+    return how + (", checkpoints only" if ctx.hf_recompute == "full" else "")
+
+
+def _logits_loss(ctx: Context) -> sympy.Expr | None:
+    if ctx.setup.activation_formula != "hf":
+        return None  # Korthikanti's formula includes its own
+    return ctx.hf_activations["logits_loss"]
+
+
+# --- the optimizer step -------------------------------------------------------------------------
+
+
+def _step_temporaries(ctx: Context) -> sympy.Expr:
+    s = ctx.setup
+    if s.lora_rank is not None:
+        return lora_step_temp_expr(
+            s.model,
+            s.lora_rank,
+            s.lora_targets,
+            s.recipe,
+            s.optimizer,
+            s.implementation,
+            adapter_dtype="fp32",
+        )
+    return optimizer_step_temp_expr(s.model, s.recipe, s.optimizer, s.implementation)
+
+
+def _step_note(ctx: Context) -> str:
+    adapters = ", adapters only" if ctx.lora else ""
+    return "transient, during optimizer.step()" + adapters
+
+
+#: Every memory term of a training setup, in the order an estimate lists them.
+TERMS: tuple[Term, ...] = (
+    Term("weights", _weights_label, "gpu", _weights, "weights", "resident", 3, "params",
+         lambda ctx: "no gradients, master copy or optimizer states" if ctx.lora else ""),
+    Term("gradients", "gradients", "gpu", _state("gradients"), "gradients", "backward+step", 2,
+         "optimizer"),
+    Term("master", "master weights (fp32)", "gpu", _state("master"), "weights", "resident", 1,
+         "optimizer"),
+    Term("optimizer", "optimizer states", "gpu", _state("optimizer"), "optimizer", "resident", 1,
+         "optimizer"),
+    Term("cpu_master", "master weights (fp32) (offloaded)", "cpu",
+         _offloaded_state("master"), "weights", "resident", 1, "optimizer"),
+    Term("cpu_optimizer", "optimizer states (offloaded)", "cpu",
+         _offloaded_state("optimizer"), "optimizer", "resident", 1, "optimizer"),
+    Term("cpu_gradients", "gradients (offloaded)", "cpu",
+         _offloaded_state("gradients"), "gradients", "backward+step", 1,
+         "optimizer"),
+    Term("cpu_weights", "weights (offloaded)", "cpu", _offloaded_state("weights"),
+         "weights", "resident", 3, "params"),
+    Term("quant_constants", lambda ctx: f"quantization constants ({ctx.setup.quant})", "gpu",
+         _quant_constants, "weights", "resident", 3,
+         note=lambda ctx: "uint8 absmax per 64 + fp32 per 256 + offset"
+         if ctx.setup.quant == "nf4" else ""),
+    Term("adapter_weights", "adapter weights (fp32)", "gpu", _adapter("weights"), "weights",
+         "resident", 3, note=_adapter_note),
+    Term("adapter_gradients", "adapter gradients (fp32)", "gpu", _adapter("gradients"),
+         "gradients", "backward+step", 2, note=_adapter_note),
+    Term("adapter_master", "adapter master weights", "gpu", _adapter("master"), "weights",
+         "resident", 1, note=_adapter_note),
+    Term("adapter_optimizer", lambda ctx: f"adapter optimizer states ({ctx.setup.optimizer})",
+         "gpu", _adapter("optimizer"), "optimizer", "resident", 1, note=_adapter_note),
+    Term("dequant_buffer", "dequantization buffer (transient)", "gpu", _dequant_buffer,
+         "in-flight", "forward+backward", note="one frozen matrix in bf16 per matmul"),
+    Term("adapter_activations", _adapter_activations_label, "gpu", _adapter_activations,
+         "activations", "forward+backward", note=_adapter_activations_note),
+    Term("gathered", "gathered layers (ZeRO-3 in flight)", "gpu", _gathered, "in-flight",
+         "forward+backward", note="current layer + one prefetched, unsharded"),
+    Term("reduce_buffer", "reduce-scatter buffer (ZeRO-3)", "gpu", _reduce_buffer, "in-flight",
+         "backward", note="one layer's unsharded gradients before the reduce-scatter",
+         listed=False),
+    Term("activations", _activations_label, "gpu", _activations, "activations",
+         "forward+backward", note=_activations_note),
+    Term("logits_loss", "logits and loss buffers kept", "gpu", _logits_loss, "activations",
+         "forward+backward",
+         note="logits and the fp32 log-softmax the loss keeps for backward"),
+    Term("step_temporaries",
+         lambda ctx: f"optimizer step temporaries ({ctx.setup.implementation})", "gpu",
+         _step_temporaries, "temporaries", "step", 1, "optimizer", note=_step_note),
+)  # fmt: skip
+
+#: The rows by key.
+TERMS_BY_KEY: dict[str, Term] = {t.key: t for t in TERMS}
+
+
+__all__ = [
+    "CPU_ADAM_GRAD_BYTES",
+    "GROUPS",
+    "STATE_GROUPS",
+    "TERMS",
+    "TERMS_BY_KEY",
+    "Context",
+    "Device",
+    "Group",
+    "Live",
+    "Offload",
+    "Term",
+    "per_rank",
+    "text",
+]
