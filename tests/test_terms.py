@@ -10,11 +10,11 @@ import pytest
 import sympy
 
 from vrammath.estimate import estimate
-from vrammath.measure.build import gelu_of
-from vrammath.measure.matrix import ROWS, _model_arg, setup_of, step_counter_bytes
+from vrammath.measure.matrix import ROWS, setup_of, step_counter_bytes
+from vrammath.model import from_hf_config
 from vrammath.parallel import shard_model_states
 from vrammath.params import param_count
-from vrammath.presets import load_model
+from vrammath.presets import load_model, raw_config
 from vrammath.setup import Setup, with_changes
 from vrammath.states import model_state_exprs
 from vrammath.symbols import N_d, P
@@ -107,8 +107,7 @@ def test_estimate_gives_the_validation_matrix_numbers(row: dict[str, Any]) -> No
     """estimate() of a matrix row's Setup gives the numbers the matrix compares with torch."""
     golden = GOLDEN[row["id"]]
     setup = setup_of(row, device="cpu")
-    gelu = gelu_of(_model_arg(row["model"]))
-    est = estimate(setup, gelu=gelu)
+    est = estimate(setup)
     bytes_ = {c.key: c.bytes or 0 for c in est.components}
     assert bytes_["weights"] + bytes_.get("master", 0) == golden["parameters"]
     assert bytes_["gradients"] == golden["gradients"]
@@ -118,16 +117,14 @@ def test_estimate_gives_the_validation_matrix_numbers(row: dict[str, Any]) -> No
     for phase, value in est.phases.items():
         assert value == golden[phase], phase
     assert est.gpu_bytes == golden["peak"]
-    assert (
-        estimate(with_changes(setup, iteration="first"), gelu=gelu).gpu_bytes
-        == golden["first_peak"]
-    )
+    assert estimate(with_changes(setup, iteration="first")).gpu_bytes == golden["first_peak"]
 
 
 def test_gpt2_activation_changes_only_the_mlp() -> None:
     setup = Setup(load_model("gpt2"), micro_batch=1, seq_len=1024)
+    tanh_spec = from_hf_config({**raw_config("gpt2"), "activation_function": "gelu_pytorch_tanh"})
     new = estimate(setup).component("activations")
-    tanh = estimate(setup, gelu="gelu_pytorch_tanh").component("activations")
+    tanh = estimate(with_changes(setup, model=tanh_spec)).component("activations")
     assert new.bytes is not None
     assert tanh.bytes is not None
     # gelu_new keeps 4 intermediate tensors, PyTorch's fused tanh GeLU 1: 3 x 2 B x s b I, L layers

@@ -285,7 +285,7 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
     return Groups(weights, optimizer, gradients, activations, temporaries, in_flight, reduce)
 
 
-def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS, gelu: str = "gelu_new") -> Estimate:
+def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading),
     and the peak of each phase of a training iteration.
 
@@ -309,12 +309,9 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS, gelu: str = "gelu
     setup : Setup
     terms : tuple of vrammath.terms.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
-    gelu : str
-        GPT-2's ``activation_function``, which the model record does not keep (``gelu_new``,
-        GPT-2's own, unless the config says otherwise).
     """
     values = _values(setup)
-    ctx = Context(setup, gelu)
+    ctx = Context(setup)
     built: list[tuple[Term, sympy.Expr]] = []
     comps: list[Component] = []
     for term in terms:
@@ -346,7 +343,6 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS, gelu: str = "gelu
             recompute=ctx.hf_recompute,
             grad_bytes=ctx.recipe.gradients,
             iteration=ctx.iteration,
-            gelu=gelu,
             device=ctx.device,
         )
     return Estimate(setup, tuple(comps), values, {k: phases[k] for k in PHASES})

@@ -96,7 +96,6 @@ def hf_phase_peaks(
     recompute: HfRecompute = "none",
     grad_bytes: int = 2,
     iteration: Iteration = "steady",
-    gelu: str = "gelu_new",
     device: Literal["cuda", "cpu"] = "cuda",
 ) -> dict[str, sympy.Expr]:
     """Bytes live at the peak of each phase of one training iteration, per GPU, for a Hugging
@@ -128,7 +127,7 @@ def hf_phase_peaks(
     spec : ModelSpec
     groups : Groups
         The per-GPU totals of the phase groups.
-    precision, attention, recompute, gelu, device
+    precision, attention, recompute, device
         As in :func:`vrammath.activations.hf_activation_terms`.
     grad_bytes : int
         Bytes per gradient element (the CPU's embedding-gradient transient depends on it).
@@ -155,7 +154,7 @@ def hf_phase_peaks(
     embed_temp = (
         (4 - grad_bytes) * V * h if device == "cpu" and grad_bytes < 4 else sympy.Integer(0)
     )
-    layer_terms = hf_layer_terms(spec, attention, precision, gelu=gelu, device=device)
+    layer_terms = hf_layer_terms(spec, attention, precision, device=device)
     layer_total = sum(layer_terms.values(), sympy.Integer(0))
     recomputed = layer_total if recompute == "full" else sympy.Integer(0)
     score = a * s**2 * b

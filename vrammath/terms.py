@@ -109,14 +109,9 @@ CPU_ADAM_GRAD_BYTES = 4
 
 @dataclass(frozen=True)
 class Context:
-    """What a builder reads: the setup, and its choices narrowed to the formulas' types.
-
-    ``gelu`` is GPT-2's ``activation_function``, which :class:`~vrammath.model.ModelSpec` does
-    not keep (the measurement reads it from the config: ``vrammath.measure.build.gelu_of``).
-    """
+    """What a builder reads: the setup, and its choices narrowed to the formulas' types."""
 
     setup: Setup
-    gelu: str = "gelu_new"
 
     # Setup's choices are validated strings; the formulas take their Literal types.
     @property
@@ -188,7 +183,6 @@ class Context:
             self.attention,
             self.precision,
             self.hf_recompute,
-            gelu=self.gelu,
             device=self.device,
         )
 

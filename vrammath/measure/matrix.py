@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vrammath.estimate import estimate
-from vrammath.measure.build import RECIPE_OF, as_spec, gelu_of
+from vrammath.measure.build import RECIPE_OF, as_spec
 from vrammath.setup import Setup, with_changes
 
 TOLERANCE = {"exact": 0.0, "activations": 0.01, "peak": 0.01}
@@ -177,9 +177,8 @@ def estimate_row(row: dict[str, Any], *, device: str = "cpu") -> dict[str, int]:
     AdamW's step counters on the device); ``"cuda"`` what a GPU's allocator should see.
     """
     setup = setup_of(row, device=device)
-    gelu = gelu_of(_model_arg(row["model"]))
-    steady = estimate(setup, gelu=gelu)
-    first = estimate(with_changes(setup, iteration="first"), gelu=gelu)
+    steady = estimate(setup)
+    first = estimate(with_changes(setup, iteration="first"))
 
     def part(*keys: str) -> int:
         return sum(c.bytes or 0 for c in steady.components if c.key in keys)
