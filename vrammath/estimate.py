@@ -323,10 +323,10 @@ def _activation_components(setup: Setup, values: dict[sympy.Symbol, int]) -> lis
         recompute = "full" if setup.recompute == "full" else "none"
         exprs = activation_exprs(
             spec,
-            setup.attention,  # type: ignore[arg-type]
-            precision,  # type: ignore[arg-type]
+            setup.attention,
+            precision,
             recompute,  # type: ignore[arg-type]
-            device=setup.device,  # type: ignore[arg-type]
+            device=setup.device,
         )
         how = f"{spec.model_type} as transformers runs it, {setup.attention}, {precision}"
         if setup.lora_rank is not None:
@@ -353,8 +353,8 @@ def _activation_components(setup: Setup, values: dict[sympy.Symbol, int]) -> lis
     parallel = "tp_sp" if setup.sp else "tp"
     expr = korthikanti_first_stage_bytes(
         parallel,  # type: ignore[arg-type]
-        setup.recompute,  # type: ignore[arg-type]
-        schedule=setup.schedule,  # type: ignore[arg-type]
+        setup.recompute,
+        schedule=setup.schedule,
         activation_bytes=4 if precision == "fp32" else 2,
     )
     return [
@@ -399,15 +399,15 @@ def _phase_exprs(setup: Setup, comps: list[Component]) -> dict[str, sympy.Expr]:
         optimizer=O_,
         gradients=G,
         step_temporaries=T_step,
-        precision=PRECISION_OF[setup.recipe],  # type: ignore[arg-type]
-        attention=setup.attention,  # type: ignore[arg-type]
+        precision=PRECISION_OF[setup.recipe],
+        attention=setup.attention,
         recompute="full" if setup.recompute == "full" else "none",
         gathered=in_flight,
         reduce_buffer=reduce_buffer,
         grad_bytes=rec.gradients,
-        iteration=setup.iteration,  # type: ignore[arg-type]
+        iteration=setup.iteration,
         activations=A,
-        device=setup.device,  # type: ignore[arg-type]
+        device=setup.device,
     )
     return {k: phases[k] for k in PHASES}
 
