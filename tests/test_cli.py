@@ -73,9 +73,9 @@ def test_config_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
 
 
 BAD = [
-    (["estimate", "llama-7b", "--gpus", "0"], "gpus: must be a positive integer"),
-    (["estimate", "llama-7b", "--gpus", "-4"], "gpus: must be a positive integer"),
-    (["estimate", "llama-7b", "--batch", "1.5"], "batch: must be a positive integer"),
+    (["estimate", "llama-7b", "--gpus", "0"], "gpus: must be an integer from 1 to 1048576"),
+    (["estimate", "llama-7b", "--gpus", "-4"], "gpus: must be an integer from 1 to 1048576"),
+    (["estimate", "llama-7b", "--batch", "1.5"], "batch: must be an integer from 1 to 16777216"),
     (["estimate", "llama-7b", "--zero", "4"], "zero: must be 0, 1, 2, 3 or NO_SHARD"),
     (["estimate", "llama-7b", "--recipe", "fp64"], "recipe: must be one of fp32"),
     (["estimate", "llama-7b", "--optimizer", "lion"], "optimizer: must be one of adamw"),

@@ -468,6 +468,23 @@ class ServeEstimate:
         return serve_table(self)
 
 
+def serve_warnings(setup: Serve) -> tuple[str, ...]:
+    """What a serving setup is allowed to do but should be told: the model's own warnings, and a
+    context longer than the model was trained for.
+
+    >>> from vrammath.presets import load_model
+    >>> serve_warnings(Serve(load_model("gpt2"), context=2048))
+    ("context 2048 exceeds the model's max_position_embeddings (1024)",)
+    """
+    out = list(getattr(setup.model, "warnings", ()))
+    if setup.context > setup.model.max_positions:
+        out.append(
+            f"context {setup.context} exceeds the model's max_position_embeddings "
+            f"({setup.model.max_positions})"
+        )
+    return tuple(out)
+
+
 def serve(setup: Serve) -> ServeEstimate:
     """Evaluate a serving setup on one GPU.
 
@@ -512,6 +529,7 @@ __all__ = [
     "kv_heads_per_gpu_expr",
     "kv_values",
     "serve",
+    "serve_warnings",
     "serving_weight_bytes",
     "serving_weight_exprs",
 ]

@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 
 from vrammath.errors import InputError, one_of
+from vrammath.hub import fetch_config, is_hub_id
 from vrammath.model import ModelSpec, from_hf_config
 
 
@@ -149,24 +150,29 @@ def raw_config(name: str) -> dict[str, object]:
     return parse_config_text(path.read_text(encoding="utf-8"), path.name)
 
 
-def load_config_file(path: str | Path) -> ModelSpec:
-    """A :class:`ModelSpec` from a config.json on disk (the file's parent folder names it)."""
-    file = Path(path)
-    if not file.is_file():
-        raise InputError(
-            "config", "must be a preset name or an existing config.json", got=str(path)
-        )
+def _read_limited(file: Path, field: str) -> str:
+    """A config file's text, refused past :data:`MAX_CONFIG_BYTES` before it is read."""
     try:
         size = file.stat().st_size
         if size > MAX_CONFIG_BYTES:
             raise InputError(
-                "config", f"must be at most {MAX_CONFIG_BYTES} bytes", got=_Shown(f"{size} bytes")
+                field, f"must be at most {MAX_CONFIG_BYTES} bytes", got=_Shown(f"{size} bytes")
             )
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(
-            "config", f"cannot be read ({exc.__class__.__name__})", got=str(path)
+            field, f"cannot be read ({exc.__class__.__name__})", got=str(file)
         ) from None
+
+
+def load_config_file(path: str | Path) -> ModelSpec:
+    """A :class:`ModelSpec` from a config.json on disk (the file's parent folder names it)."""
+    file = Path(path)
+    if not _is_file(str(path)):
+        raise InputError(
+            "config", "must be a preset name or an existing config.json", got=str(path)
+        )
+    text = _read_limited(file, "config")
     name = file.parent.name if file.name == "config.json" else file.stem
     name = name or file.stem
     if not name.isprintable():
@@ -174,13 +180,31 @@ def load_config_file(path: str | Path) -> ModelSpec:
     return from_hf_config(parse_config_text(text, file.name), name=name)
 
 
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
+
+
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or else a config.json by path."""
+    """A preset by name, or else a config.json by path, or else a Hugging Face Hub id
+    (``owner/name``: only its config.json is fetched, see :mod:`vrammath.hub`)."""
+    if not isinstance(name_or_path, str):
+        raise InputError("model", "must be a preset name, a path or a Hub id", got=name_or_path)
     if name_or_path in model_names():
         return load_model(name_or_path)
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+    if name_or_path.endswith(".json") or _is_file(name_or_path):
         return load_config_file(name_or_path)
-    raise one_of("model", name_or_path, [*model_names(), "<path to config.json>"])
+    if is_hub_id(name_or_path):
+        path = fetch_config(name_or_path)
+        text = _read_limited(path, "config")
+        return from_hf_config(
+            parse_config_text(text, f"{name_or_path}/config.json"), name=name_or_path
+        )
+    raise one_of(
+        "model", name_or_path, [*model_names(), "<path to config.json>", "<owner/name on the Hub>"]
+    )
 
 
 @dataclass(frozen=True)
