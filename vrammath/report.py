@@ -91,9 +91,11 @@ def estimate_table(est: Estimate) -> str:
     if spec is not None:
         verdict = "fits" if est.fits() else "does NOT fit"
         free = spec.bytes - est.gpu_bytes
+        # a shortfall is said as such, never as a negative size
+        room = "headroom" if free >= 0 else "short by"
         lines.append(
             f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}, "
-            f"headroom {fmt_gb(free)} / {fmt_gib(free)}"
+            f"{room} {fmt_gb(abs(free))} / {fmt_gib(abs(free))}"
         )
     if est.unestimated:
         lines.append("not estimated: " + ", ".join(est.unestimated) + " (totals exclude them)")
@@ -172,9 +174,14 @@ def serve_table(est: ServeEstimate) -> str:
     if spec is not None:
         verdict = "fits" if est.fits() else "does NOT fit"
         budget = est.kv_budget_bytes or 0
-        lines.append(
-            f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}; "
+        # a shortfall is said as such, never as a negative size
+        left = (
             f"KV budget after weights and reserve {fmt_gb(budget)} / {fmt_gib(budget)}"
+            if budget >= 0
+            else f"weights and reserve exceed it by {fmt_gb(-budget)} / {fmt_gib(-budget)}"
+        )
+        lines.append(
+            f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}; {left}"
         )
         lines.append(
             f"largest batch at {s.context} tokens: {est.max_batch()}; "
