@@ -463,10 +463,10 @@ def _cmd_formula(args: argparse.Namespace) -> Result:
         "model": spec.name,
         "sizes_substituted": args.model is not None,
         "format": "latex" if args.latex else "text",
-        "exprs": {k: render(v) for k, v in exprs.items()},
+        "exprs": [{"name": k, "expr": render(v)} for k, v in exprs.items()],
         "warnings": list(getattr(spec, "warnings", ())) if args.model is not None else [],
     }
-    return "\n".join(f"{name}: {text}" for name, text in data["exprs"].items()), data
+    return "\n".join(f"{e['name']}: {e['expr']}" for e in data["exprs"]), data
 
 
 def _cmd_models() -> Result:
