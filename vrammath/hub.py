@@ -15,6 +15,7 @@ Examples
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -31,16 +32,19 @@ def is_hub_id(text: str) -> bool:
 def fetch_config(repo_id: str) -> Path:
     """The local path of ``repo_id``'s ``config.json``, downloaded into the Hub cache if needed."""
     try:
-        import huggingface_hub
-        from huggingface_hub import errors
+        from huggingface_hub import errors, hf_hub_download
     except ImportError:
         raise InputError(
             "model",
             "a Hub id needs the 'hub' extra (pip install 'vrammath[hub]')",
             got=repo_id,
         ) from None
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    # its retry warnings would break the one-line promise (set after the lazy import configures it)
+    hub_log.setLevel(logging.ERROR)
     try:
-        path = huggingface_hub.hf_hub_download(repo_id, "config.json")
+        path = hf_hub_download(repo_id, "config.json")
     except errors.GatedRepoError:
         raise InputError(
             "model", "is a gated repository: set HF_TOKEN to a token with access", got=repo_id
@@ -49,8 +53,7 @@ def fetch_config(repo_id: str) -> Path:
         raise InputError(
             "model", "is not a repository on the Hub (private? set HF_TOKEN)", got=repo_id
         ) from None
-    except errors.EntryNotFoundError:
-        raise InputError("model", "has no config.json on the Hub", got=repo_id) from None
+    # before EntryNotFoundError: recent releases derive the local miss from it
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
         raise InputError(
             "model",
@@ -58,6 +61,8 @@ def fetch_config(repo_id: str) -> Path:
             "(no network, or HF_HUB_OFFLINE=1)",
             got=repo_id,
         ) from None
+    except errors.EntryNotFoundError:
+        raise InputError("model", "has no config.json on the Hub", got=repo_id) from None
     except errors.HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", "?")
         raise InputError(
@@ -67,6 +72,8 @@ def fetch_config(repo_id: str) -> Path:
         raise InputError(
             "model", f"cannot fetch config.json from the Hub ({type(exc).__name__})", got=repo_id
         ) from None
+    finally:
+        hub_log.setLevel(level)
     return Path(str(path))
 
 
