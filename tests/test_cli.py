@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import sympy
 
-from vrammath.cli import main
+from vrammath.cli import FORMULAS, main
 from vrammath.model import ModelSpec
 from vrammath.params import param_count
 from vrammath.presets import load_model
@@ -274,3 +275,65 @@ def test_model_warnings_are_printed(
         assert code == 0
         assert json.loads(out)["warnings"] == ["a model warning"]
         assert err == "vrammath: warning: a model warning\n"
+
+
+# --- formula: every term, as the package computes it ---------------------------------------------
+
+
+def formula(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, str]:
+    code, out, err = run(capsys, "formula", *argv, "--json")
+    assert code == 0, err
+    return {e["name"]: e["expr"] for e in json.loads(out)["exprs"]}
+
+
+@pytest.mark.parametrize("term", FORMULAS)
+def test_every_formula_term_prints_text_and_latex(
+    capsys: pytest.CaptureFixture[str], term: str
+) -> None:
+    text = formula(capsys, term)
+    latex = formula(capsys, term, "--latex")
+    assert text
+    assert list(text) == list(latex)
+
+
+def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFixture[str]) -> None:
+    from vrammath.activations import activation_exprs, korthikanti_layer_bytes
+
+    exprs = formula(capsys, "activations")
+    assert exprs["korthikanti layer, parallel tp, recompute selective"] == str(
+        korthikanti_layer_bytes("tp", "selective")
+    )
+    # Korthikanti's published totals: sbh(34 + 5as/h) without parallelism
+    k = sympy.sympify(exprs["korthikanti layer, parallel none, recompute none"])
+    sym = {x.name: x for x in k.free_symbols}
+    sb_h = sym["s"] * sym["b"] * sym["h"]
+    assert sympy.simplify(k - sb_h * (34 + 5 * sym["a"] * sym["s"] / sym["h"])) == 0
+    spec = load_model("gpt2")
+    with_model = formula(capsys, "activations", "--model", "gpt2", "--recipe", "fp32")
+    hf = with_model["hf activations, all layers, recompute none"]
+    from vrammath.params import size_values
+
+    expected = activation_exprs(spec, "sdpa", "fp32")["activations"].subs(size_values(spec))
+    assert hf == str(expected)
+    free = {x.name for x in sympy.sympify(hf).free_symbols}
+    assert free == {"b", "s"}  # the model's sizes substituted, b and s left
+    zero = sympy.sympify(
+        formula(capsys, "zero", "--model", "gpt2", "--stage", "3")[
+            "zero-3 bytes per GPU (ZeRO paper)"
+        ]
+    )
+    assert {x.name for x in zero.free_symbols} == {"K", "N_d"}
+
+
+def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
+    from vrammath.inference import kv_cache_expr
+    from vrammath.peft import lora_param_expr
+
+    spec = load_model("llama-7b")
+    assert formula(capsys, "kv")["KV cache"] == str(kv_cache_expr(spec))
+    assert formula(capsys, "lora", "--lora-targets", "all-linear")["trainable parameters"] == str(
+        lora_param_expr(spec, "all-linear")
+    )
+    phases = formula(capsys, "phases", "--model", "llama-7b", "--stage", "3")
+    assert set(phases) == {"forward_peak", "backward_peak", "step_peak"}
+    assert "N_d" in phases["step_peak"]

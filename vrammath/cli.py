@@ -456,7 +456,7 @@ def _cmd_formula(args: argparse.Namespace) -> Result:
     exprs = _formula_exprs(args, spec)
     if args.model is not None:
         sizes = {**size_values(spec), P: param_count(spec)}
-        exprs = {k: sympy.sympify(v).subs(sizes) for k, v in exprs.items()}
+        exprs = {k: v.subs(sizes) for k, v in exprs.items()}
     render = sympy.latex if args.latex else str
     data = {
         "term": args.term,
