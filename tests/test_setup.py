@@ -117,3 +117,15 @@ def test_warnings() -> None:
     assert line == "seq_len 4096 exceeds the model's max_position_embeddings (2048)"
     assert serve_warnings(Serve(LLAMA, context=2048)) == ()
     assert len(serve_warnings(Serve(LLAMA, context=2049))) == 1
+
+
+def test_api_mistakes_are_input_errors() -> None:
+    from vrammath.inference import kv_cache_bytes
+    from vrammath.presets import gpu
+
+    with pytest.raises(InputError, match="^gpu: must be one of"):
+        gpu(cast(Any, None))
+    with pytest.raises(InputError, match="^lora_targets: must be a list"):
+        Setup(LLAMA, lora_rank=8, lora_targets=cast(Any, None))
+    with pytest.raises(InputError, match="^block: must be a positive integer"):
+        kv_cache_bytes(LLAMA, 1, 16, block=0)

@@ -167,6 +167,8 @@ def kv_cache_bytes(
     >>> kv_cache_bytes(load_model("llama-2-7b"), 1, 17, block=16) == 32 * 512 * 1024
     True
     """
+    if block is not None:
+        positive_int("block", block)  # 0 is refused, not read as unpaged
     expr = kv_cache_expr(
         spec,
         tp=tp > 1,

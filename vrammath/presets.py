@@ -232,6 +232,8 @@ def load_gpus() -> dict[str, GPU]:
 def gpu(name: str) -> GPU:
     """A GPU preset by name (case-insensitive)."""
     gpus = load_gpus()
+    if not isinstance(name, str):
+        raise one_of("gpu", name, list(gpus))
     for key, value in gpus.items():
         if key.lower() == name.lower():
             return value

@@ -336,6 +336,12 @@ class Setup:
             )
 
     def _check_lora(self) -> None:
+        if not isinstance(self.lora_targets, str | tuple | list):
+            raise InputError(
+                "lora_targets",
+                "must be a list of q,k,v,o,gate,up,down or all-linear",
+                self.lora_targets,
+            )
         object.__setattr__(self, "lora_targets", lora_targets(self.lora_targets))
         if self.lora_rank is None:
             if self.lora_targets != DEFAULT_TARGETS:
