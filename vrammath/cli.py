@@ -171,6 +171,7 @@ def _add_options(cmd: argparse.ArgumentParser, cls: Any) -> None:
         if opt.kind == "switch":
             cmd.add_argument(*names, action="store_true", **kw)
             continue
+        kw["metavar"] = _label(opt).upper().replace("-", "_")
         if opt.kind == "zero":
             kw["type"] = _zero
         elif opt.kind == "targets":
