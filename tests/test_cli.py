@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import sympy
 
-from vrammath.cli import main
+from vrammath.cli import FORMULAS, main
+from vrammath.model import ModelSpec
 from vrammath.params import param_count
 from vrammath.presets import load_model
 
@@ -73,9 +76,9 @@ def test_config_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
 
 
 BAD = [
-    (["estimate", "llama-7b", "--gpus", "0"], "gpus: must be a positive integer"),
-    (["estimate", "llama-7b", "--gpus", "-4"], "gpus: must be a positive integer"),
-    (["estimate", "llama-7b", "--batch", "1.5"], "batch: must be a positive integer"),
+    (["estimate", "llama-7b", "--gpus", "0"], "gpus: must be an integer from 1 to 1048576"),
+    (["estimate", "llama-7b", "--gpus", "-4"], "gpus: must be an integer from 1 to 1048576"),
+    (["estimate", "llama-7b", "--batch", "1.5"], "batch: must be an integer from 1 to 16777216"),
     (["estimate", "llama-7b", "--zero", "4"], "zero: must be 0, 1, 2, 3 or NO_SHARD"),
     (["estimate", "llama-7b", "--recipe", "fp64"], "recipe: must be one of fp32"),
     (["estimate", "llama-7b", "--optimizer", "lion"], "optimizer: must be one of adamw"),
@@ -122,3 +125,215 @@ def test_bad_config_files(tmp_path: Path, content: str, message: str) -> None:
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
     assert message in proc.stderr
+
+
+# --- issue 15: every defect found by a new user's bad inputs, each pinned -----------------------
+
+
+def one_line_exit_2(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (argv, err)
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+HUGE = "1" + "0" * 310
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["estimate", "llama-7b", "--batch", HUGE, "--json"], "batch: must be an integer from 1"),
+        (["estimate", "llama-7b", "--seq", HUGE], "seq: must be an integer from 1 to 16777216"),
+        (["serve", "llama-7b", "--batch", HUGE], "batch: must be an integer from 1"),
+        (["serve", "llama-7b", "--context", "9" * 5000], "context: must be an integer"),
+        (["fit", "llama-7b", "--gpu", "A100-80GB", "--seq", HUGE], "seq: must be an integer"),
+        (["estimate", "llama-7b", "--tp", "64"], "tp: must divide the attention heads (32)"),
+        (["estimate", "llama-7b", "--tp", "100000"], "tp: must divide the attention heads"),
+        (["estimate", "qwen2-7b", "--tp", "8"], "tp: must divide the attention heads (28)"),
+        (["estimate", "llama-7b", "--pp", "1000"], "pp: must be at most the layers (32)"),
+        (["serve", "llama-7b", "--tp", "64"], "tp: must divide the attention heads (32)"),
+        (["serve", "llama-2-70b", "--tp", "3"], "tp: must divide the attention heads (64)"),
+        (["estimate", "llama-7b", "--lora-targets", "q,k"], "lora-targets: needs --lora-rank"),
+        (["estimate", "llama-7b", "--lora-dropout"], "lora_dropout: needs --lora-rank"),
+        (["estimate", "llama-7b", "--chunks", "2"], "chunks: is used only by --schedule interl"),
+        (["estimate", "llama-7b", "--schedule", "interleaved"], "schedule: interleaved needs --pp"),
+        (
+            ["estimate", "llama-7b", "--schedule", "interleaved", "--pp", "4"],
+            "chunks: interleaved needs --chunks > 1",
+        ),
+        (["estimate", "gpt2", "--recipe", "autocast-fp16"], "recipe: autocast is not derived"),
+        (
+            ["fit", "llama-7b", "--gpu", "A100-80GB", "--reserve-gib", "100"],
+            "headroom/reserve-gib: leave nothing of A100-80GB",
+        ),
+        (["fit", "llama-7b", "--gpu", "A100-80GB", "--headroom", "nan"], "headroom: must be a"),
+        (["serve", "llama-7b", "--gpu-util", "inf"], "gpu-util: must be a number in (0, 1]"),
+        (["estimate", "llama-7b\nx"], "model: must be one of"),
+        (["formula", "zero", "--model", "gpt-5"], "model: must be one of"),
+    ],
+)
+def test_issue_15_refusals(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert message in one_line_exit_2(capsys, *argv)
+
+
+def _config(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 10,
+    }
+    return {**base, **overrides}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "config.json: must nest at most 64 levels"),
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, "config.json: must nest at most 64 levels"),
+        (
+            json.dumps(_config())[:-1] + ', "x": ' + "7" * 5000 + "}",
+            "config.json: integers must be at most 2**63 - 1 (got a 5000-digit number)",
+        ),
+        (json.dumps(_config(hidden_size=10**160)), "integers must be at most 2**63 - 1"),
+        (json.dumps(_config())[:-1] + ', "x": NaN}', "must not hold NaN or Infinity"),
+    ],
+)
+@pytest.mark.parametrize("command", [["estimate"], ["formula", "params", "--model"]])
+def test_hostile_configs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str, command: list[str]
+) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(text)
+    assert message in one_line_exit_2(capsys, *command, str(cfg))
+
+
+def test_config_path_with_a_newline_stays_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "two\nlines"
+    folder.mkdir()
+    cfg = folder / "bad\nname.json"
+    cfg.write_text("{not json")
+    err = one_line_exit_2(capsys, "estimate", str(cfg))
+    assert "'bad\\nname.json': is not valid JSON" in err
+    good = folder / "config.json"
+    good.write_text(json.dumps(_config()))
+    code, out, _ = run(capsys, "estimate", str(good))
+    assert code == 0
+    assert out.splitlines()[0].startswith("two\\nlines: ")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_full_disk_is_one_line_exit_1() -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "vrammath", "models"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr == "vrammath: error: cannot write the output (No space left on device)\n"
+
+
+def test_seq_past_max_positions_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "estimate", "gpt2", "--seq", "4096")
+    assert code == 0
+    warning = "seq_len 4096 exceeds the model's max_position_embeddings (1024)"
+    assert err == f"vrammath: warning: {warning}\n"
+    code, out, err = run(capsys, "estimate", "gpt2", "--seq", "4096", "--json")
+    assert json.loads(out)["warnings"] == [warning]
+    code, out, err = run(capsys, "estimate", "gpt2", "--seq", "1024", "--json")
+    assert json.loads(out)["warnings"] == []
+    assert err == ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _WarnedSpec(ModelSpec):
+    warnings: tuple[str, ...] = ("a model warning",)
+
+
+def test_model_warnings_are_printed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vrammath import cli
+
+    spec = load_model("gpt2")
+    warned = _WarnedSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+    monkeypatch.setattr(cli, "resolve_model", lambda name: warned)
+    for command in (["estimate", "-s", "512"], ["serve", "--context", "512"]):
+        code, out, err = run(capsys, command[0], "gpt2", *command[1:], "--json")
+        assert code == 0
+        assert json.loads(out)["warnings"] == ["a model warning"]
+        assert err == "vrammath: warning: a model warning\n"
+
+
+# --- formula: every term, as the package computes it ---------------------------------------------
+
+
+def formula(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, str]:
+    code, out, err = run(capsys, "formula", *argv, "--json")
+    assert code == 0, err
+    return {e["name"]: e["expr"] for e in json.loads(out)["exprs"]}
+
+
+@pytest.mark.parametrize("term", FORMULAS)
+def test_every_formula_term_prints_text_and_latex(
+    capsys: pytest.CaptureFixture[str], term: str
+) -> None:
+    text = formula(capsys, term)
+    latex = formula(capsys, term, "--latex")
+    assert text
+    assert list(text) == list(latex)
+
+
+def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFixture[str]) -> None:
+    from vrammath.activations import activation_exprs, korthikanti_layer_bytes
+
+    exprs = formula(capsys, "activations")
+    assert exprs["korthikanti layer, parallel tp, recompute selective"] == str(
+        korthikanti_layer_bytes("tp", "selective")
+    )
+    # Korthikanti's published totals: sbh(34 + 5as/h) without parallelism
+    k = sympy.sympify(exprs["korthikanti layer, parallel none, recompute none"])
+    sym = {x.name: x for x in k.free_symbols}
+    sb_h = sym["s"] * sym["b"] * sym["h"]
+    assert sympy.simplify(k - sb_h * (34 + 5 * sym["a"] * sym["s"] / sym["h"])) == 0
+    spec = load_model("gpt2")
+    with_model = formula(capsys, "activations", "--model", "gpt2", "--recipe", "fp32")
+    hf = with_model["hf activations, all layers, recompute none"]
+    from vrammath.params import size_values
+
+    expected = activation_exprs(spec, "sdpa", "fp32")["activations"].subs(size_values(spec))
+    assert hf == str(expected)
+    free = {x.name for x in sympy.sympify(hf).free_symbols}
+    assert free == {"b", "s"}  # the model's sizes substituted, b and s left
+    zero = sympy.sympify(
+        formula(capsys, "zero", "--model", "gpt2", "--stage", "3")[
+            "zero-3 bytes per GPU (ZeRO paper)"
+        ]
+    )
+    assert {x.name for x in zero.free_symbols} == {"K", "N_d"}
+
+
+def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
+    from vrammath.inference import kv_cache_expr
+    from vrammath.peft import lora_param_expr
+
+    spec = load_model("llama-7b")
+    assert formula(capsys, "kv")["KV cache"] == str(kv_cache_expr(spec))
+    assert formula(capsys, "lora", "--lora-targets", "all-linear")["trainable parameters"] == str(
+        lora_param_expr(spec, "all-linear")
+    )
+    phases = formula(capsys, "phases", "--model", "llama-7b", "--stage", "3")
+    assert set(phases) == {"forward_peak", "backward_peak", "step_peak"}
+    assert "N_d" in phases["step_peak"]

@@ -1,55 +1,129 @@
-"""The ``vrammath`` command: estimate, formula, models, gpus.
+"""The ``vrammath`` command: estimate, serve, fit, formula, models, gpus.
 
-Bad input prints one line naming the field and what is allowed, and exits with status 2.
+Every subcommand prints text, or with ``--json`` the same content as JSON. Warnings go to stderr
+(and into the JSON's ``warnings``). Bad input prints one line naming the field and what is
+allowed, and exits with status 2; a failure to write the output (a full disk, a closed pipe other
+than an early reader) prints one line and exits with status 1.
+
+The training and serving options are generated from the field metadata of
+:class:`~vrammath.setup.Setup` and :class:`~vrammath.inference.Serve`, so each is declared once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import sympy
 
+from vrammath.activations import (
+    activation_exprs,
+    hf_layer_bytes,
+    hf_logits_loss_terms,
+    korthikanti_first_stage_bytes,
+    korthikanti_layer_bytes,
+)
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
-from vrammath.inference import KV_DTYPES, SERVE_WEIGHTS, Serve, serve
-from vrammath.parallel import (
-    FSDP_STRATEGIES,
-    zero_communication_elements,
-    zero_paper_bytes,
-    zero_stage,
+from vrammath.fields import Option, options
+from vrammath.inference import Serve, ServeEstimate, kv_cache_expr, serve, serve_warnings
+from vrammath.model import ModelSpec
+from vrammath.parallel import zero_communication_elements, zero_paper_bytes, zero_stage
+from vrammath.params import param_count, param_exprs, param_total_expr, size_values
+from vrammath.peft import (
+    frozen_base_exprs,
+    lora_param_count,
+    lora_param_expr,
+    lora_state_exprs,
+    lora_step_temp_expr,
+    lora_targets,
 )
-from vrammath.params import param_count, param_exprs, param_total_expr
-from vrammath.peft import QUANTS, lora_param_count, lora_targets
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
-from vrammath.setup import ACTIVATION_MODELS, ATTENTION, ITERATIONS, RECOMPUTE, SCHEDULES, Setup
-from vrammath.solve import DEFAULT_RESERVE_BYTES, budget, fit
-from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES, model_state_exprs
-from vrammath.units import fmt_gb, fmt_gib
+from vrammath.setup import Setup, setup_warnings
+from vrammath.solve import DEFAULT_RESERVE_BYTES, Fit, Solution, budget, fit
+from vrammath.states import model_state_exprs, optimizer_step_temp_expr
+from vrammath.symbols import P
+from vrammath.units import fmt_bytes, fmt_gb, fmt_gib
+from vrammath.vocab import (
+    ATTENTIONS,
+    HF_RECOMPUTES,
+    IMPLEMENTATIONS,
+    OPTIMIZERS,
+    PARALLELS,
+    PRECISION_OF,
+    QUANTS,
+    RECIPE_NAMES,
+    RECOMPUTES,
+    SCHEDULES,
+    check,
+)
 
-FORMULAS = ("params", "states", "zero", "communication")
+FORMULAS = (
+    "params",
+    "states",
+    "zero",
+    "communication",
+    "activations",
+    "logits",
+    "temporaries",
+    "phases",
+    "lora",
+    "qlora",
+    "kv",
+)
+#: the model whose structure shapes a formula when ``--model`` is not given (sizes stay symbols)
+FORMULA_MODEL = "llama-7b"
+
+Result = tuple[str, dict[str, Any]]
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"vrammath: error: {message}\n")
+        self.exit(2, f"vrammath: error: {_printable(message)}\n")
 
 
-def _positive(field: str) -> Callable[[str], int]:
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _label(opt: Option) -> str:
+    return (opt.flag or opt.name).removeprefix("--")
+
+
+def _integer(opt: Option) -> Callable[[str], int]:
+    label = _label(opt)
+    allowed = f"must be an integer from {opt.low} to {opt.high}"
+
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{field}: must be a positive integer (got {text!r})"
-            ) from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{field}: must be a positive integer (got {text!r})")
+        digits = text.strip()
+        # a length check first: int() of a 5,000-digit string raises, and nothing needs one
+        if not 0 < len(digits) <= 24 or not digits.lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"{label}: {allowed} (got {_shown(text)})")
+        value = int(digits)
+        if (opt.low is not None and value < opt.low) or (opt.high is not None and value > opt.high):
+            raise argparse.ArgumentTypeError(f"{label}: {allowed} (got {_shown(text)})")
         return value
+
+    return parse
+
+
+def _choices(field: str, allowed: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(
+                f"{field}: must be one of {', '.join(allowed)} (got {_shown(text)})"
+            )
+        return text
 
     return parse
 
@@ -61,101 +135,6 @@ def _zero(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _choices(field: str, allowed: Sequence[str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(
-                f"{field}: must be one of {', '.join(allowed)} (got {text!r})"
-            )
-        return text
-
-    return parse
-
-
-def _add_setup_options(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("model", help="preset name (see `vrammath models`) or path to a config.json")
-    cmd.add_argument(
-        "--recipe",
-        type=_choices("recipe", list(RECIPES)),
-        default="bf16-mixed",
-        help="precision recipe: " + ", ".join(RECIPES) + " (default bf16-mixed)",
-    )
-    cmd.add_argument(
-        "--optimizer",
-        type=_choices("optimizer", OPTIMIZERS),
-        default="adamw",
-        help="optimizer: " + ", ".join(OPTIMIZERS) + " (default adamw)",
-    )
-    cmd.add_argument(
-        "--impl",
-        type=_choices("impl", IMPLEMENTATIONS),
-        default="foreach",
-        help="optimizer implementation: " + ", ".join(IMPLEMENTATIONS),
-    )
-    cmd.add_argument(
-        "--zero",
-        type=_zero,
-        default=0,
-        help="ZeRO stage 0-3 or FSDP strategy " + ", ".join(FSDP_STRATEGIES),
-    )
-    cmd.add_argument(
-        "--gpus",
-        type=_positive("gpus"),
-        default=1,
-        help="data-parallel GPUs the states are sharded over (default 1)",
-    )
-    cmd.add_argument(
-        "--offload-optimizer",
-        action="store_true",
-        help="keep master weights and optimizer states in CPU memory",
-    )
-    cmd.add_argument(
-        "--offload-params",
-        action="store_true",
-        help="keep the weight shards in CPU memory too (ZeRO-3)",
-    )
-    cmd.add_argument("--batch", "-b", type=_positive("batch"), default=1, help="micro-batch size")
-    cmd.add_argument("--seq", "-s", type=_positive("seq"), default=2048, help="sequence length")
-    cmd.add_argument("--tp", type=_positive("tp"), default=1, help="tensor-parallel size")
-    cmd.add_argument("--pp", type=_positive("pp"), default=1, help="pipeline-parallel size")
-    cmd.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
-    cmd.add_argument(
-        "--attention",
-        type=_choices("attention", ATTENTION),
-        default="sdpa",
-        help="attention implementation: " + ", ".join(ATTENTION),
-    )
-    cmd.add_argument(
-        "--recompute",
-        type=_choices("recompute", RECOMPUTE),
-        default="none",
-        help="activation recomputation: " + ", ".join(RECOMPUTE),
-    )
-    cmd.add_argument(
-        "--activations",
-        type=_choices("activations", ACTIVATION_MODELS),
-        default="auto",
-        help="activation formula: hf (exact, Hugging Face models), korthikanti (Megatron, as "
-        "published; needed for --tp/--pp/selective), auto (default: hf unless Megatron options)",
-    )
-    cmd.add_argument(
-        "--iteration",
-        type=_choices("iteration", ITERATIONS),
-        default="steady",
-        help="steady (2nd iteration on, optimizer states exist) or first",
-    )
-    cmd.add_argument(
-        "--schedule",
-        type=_choices("schedule", SCHEDULES),
-        default="1f1b",
-        help="pipeline schedule (Korthikanti's first stage): " + ", ".join(SCHEDULES),
-    )
-    cmd.add_argument(
-        "--chunks", type=_positive("chunks"), default=1, help="model chunks per stage (interleaved)"
-    )
-    cmd.add_argument("--gpu", default=None, help="GPU preset to check the fit against")
-
-
 def _targets(text: str) -> tuple[str, ...]:
     try:
         return lora_targets(text)
@@ -163,105 +142,78 @@ def _targets(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _fraction(field: str) -> Callable[[str], float]:
+def _number(field: str, low: float, high: float, *, open_low: bool, open_high: bool) -> Any:
+    lo, hi = ("(" if open_low else "["), (")" if open_high else "]")
+    allowed = f"must be a number in {lo}{low:g}, {high:g}{hi}"
+
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = float(text) if len(text) <= 40 else float("nan")
         except ValueError:
-            value = -1.0
-        if not 0 < value <= 1:
-            raise argparse.ArgumentTypeError(f"{field}: must be a number in (0, 1] (got {text!r})")
+            value = float("nan")
+        above = value > low if open_low else value >= low
+        below = value < high if open_high else value <= high
+        if not (above and below):  # NaN fails both
+            raise argparse.ArgumentTypeError(f"{field}: {allowed} (got {_shown(text)})")
         return value
 
     return parse
 
 
-def _add_lora_options(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument(
-        "--lora-rank", type=_positive("lora-rank"), default=None, help="LoRA rank (frozen base)"
-    )
-    cmd.add_argument(
-        "--lora-targets",
-        type=_targets,
-        default=("q", "v"),
-        help="adapted projections: q,k,v,o,gate,up,down or all-linear (default q,v)",
-    )
-    cmd.add_argument(
-        "--quant",
-        type=_choices("quant", QUANTS),
+def _add_options(cmd: argparse.ArgumentParser, cls: Any) -> None:
+    """One argparse option per declared field of ``cls`` that has a CLI flag."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for opt in options(cls):
+        if opt.flag is None:
+            continue
+        names = [opt.flag] + ([opt.short] if opt.short else [])
+        kw: dict[str, Any] = {"dest": opt.name, "default": defaults[opt.name], "help": opt.help}
+        if opt.kind == "switch":
+            cmd.add_argument(*names, action="store_true", **kw)
+            continue
+        kw["metavar"] = _label(opt).upper().replace("-", "_")
+        if opt.kind == "zero":
+            kw["type"] = _zero
+        elif opt.kind == "targets":
+            kw["type"] = _targets
+            kw["default"] = None  # given or not: only with --lora-rank
+        elif opt.kind == "fraction":
+            kw["type"] = _number(_label(opt), 0, 1, open_low=True, open_high=False)
+        elif opt.choices:
+            kw["type"] = _choices(_label(opt), opt.choices)
+        elif opt.low is not None:
+            kw["type"] = _integer(opt)
+        cmd.add_argument(*names, **kw)
+
+
+MODEL_HELP = (
+    "preset name (see `vrammath models`), path to a config.json, or a Hugging Face Hub id "
+    "(owner/name; needs the 'hub' extra)"
+)
+
+
+def _add_json(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--json", action="store_true", help="machine-readable output (same content)")
+
+
+def _add_formula_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    form = sub.add_parser("formula", help="print a symbolic expression of any memory term")
+    form.add_argument("term", type=_choices("term", FORMULAS), help=", ".join(FORMULAS))
+    form.add_argument(
+        "--model",
         default=None,
-        help="quantized frozen base (QLoRA): " + ", ".join(QUANTS),
+        help=f"substitute this model's sizes (b, s, N_d, t, p, r stay symbols); without it the "
+        f"structure is {FORMULA_MODEL}'s and every size is a symbol",
     )
-    cmd.add_argument("--lora-dropout", action="store_true", help="adapter dropout on")
-
-
-def _add_serve_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    cmd = sub.add_parser("serve", help="weights + KV cache per GPU for serving, and what fits")
-    cmd.add_argument("model", help="preset name (see `vrammath models`) or path to a config.json")
-    cmd.add_argument("--context", type=_positive("context"), default=4096, help="tokens/sequence")
-    cmd.add_argument("--batch", "-b", type=_positive("batch"), default=1, help="sequences")
-    cmd.add_argument(
-        "--weights",
-        type=_choices("weights", SERVE_WEIGHTS),
-        default="bf16",
-        help="weight format: " + ", ".join(SERVE_WEIGHTS),
-    )
-    cmd.add_argument(
-        "--kv-dtype",
-        type=_choices("kv-dtype", KV_DTYPES),
-        default="bf16",
-        help="KV-cache dtype: " + ", ".join(KV_DTYPES),
-    )
-    cmd.add_argument("--tp", type=_positive("tp"), default=1, help="tensor-parallel GPUs")
-    cmd.add_argument(
-        "--block", type=_positive("block"), default=16, help="paged KV block size in tokens"
-    )
-    cmd.add_argument("--no-paging", action="store_true", help="unpaged cache (exact tokens)")
-    cmd.add_argument(
-        "--gpu-util",
-        type=_fraction("gpu-util"),
-        default=0.9,
-        help="fraction of the GPU for weights + KV (vLLM's gpu_memory_utilization; default 0.9)",
-    )
-    cmd.add_argument("--gpu", default=None, help="GPU preset to check the fit against")
-    cmd.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _headroom(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"headroom: must be a number in [0, 1) (got {text!r})")
-    return value
-
-
-def _reserve(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1e6:
-        raise argparse.ArgumentTypeError(f"reserve-gib: must be a number >= 0 (got {text!r})")
-    return value
-
-
-def _add_fit_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    cmd = sub.add_parser(
-        "fit", help="largest batch, longest sequence, fewest GPUs and cheapest ZeRO stage"
-    )
-    _add_setup_options(cmd)
-    _add_lora_options(cmd)
-    cmd.add_argument(
-        "--headroom", type=_headroom, default=0.0, help="fraction of the GPU kept free (default 0)"
-    )
-    cmd.add_argument(
-        "--reserve-gib",
-        type=_reserve,
-        default=DEFAULT_RESERVE_BYTES / 2**30,
-        help="GiB reserved for the CUDA context, workspaces and NCCL (default 1)",
-    )
+    form.add_argument("--stage", type=_zero, default=0, help="ZeRO stage (zero, communication)")
+    form.add_argument("--recipe", type=_choices("recipe", RECIPE_NAMES), default="bf16-mixed")
+    form.add_argument("--optimizer", type=_choices("optimizer", OPTIMIZERS), default="adamw")
+    form.add_argument("--impl", type=_choices("impl", IMPLEMENTATIONS), default="foreach")
+    form.add_argument("--attention", type=_choices("attention", ATTENTIONS), default="sdpa")
+    form.add_argument("--lora-targets", type=_targets, default=("q", "v"), dest="lora_targets")
+    form.add_argument("--quant", type=_choices("quant", QUANTS), default="nf4")
+    form.add_argument("--latex", action="store_true", help="LaTeX instead of plain text")
+    _add_json(form)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,165 +222,329 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     est = sub.add_parser("estimate", help="breakdown of per-GPU memory for a training setup")
-    _add_setup_options(est)
-    _add_lora_options(est)
-    est.add_argument("--json", action="store_true", help="machine-readable output")
+    est.add_argument("model", help=MODEL_HELP)
+    _add_options(est, Setup)
+    _add_json(est)
 
-    form = sub.add_parser("formula", help="print a symbolic expression")
-    form.add_argument("term", type=_choices("term", FORMULAS), help=", ".join(FORMULAS))
-    form.add_argument(
-        "--model", default="llama-7b", help="model whose structure shapes the formula"
+    srv = sub.add_parser("serve", help="weights + KV cache per GPU for serving, and what fits")
+    srv.add_argument("model", help=MODEL_HELP)
+    _add_options(srv, Serve)
+    srv.add_argument("--no-paging", action="store_true", help="unpaged cache (exact tokens)")
+    _add_json(srv)
+
+    fit_cmd = sub.add_parser(
+        "fit", help="largest batch, longest sequence, fewest GPUs and cheapest ZeRO stage"
     )
-    form.add_argument("--stage", type=_zero, default=0, help="ZeRO stage for zero/communication")
-    form.add_argument("--recipe", type=_choices("recipe", list(RECIPES)), default="bf16-mixed")
-    form.add_argument("--optimizer", type=_choices("optimizer", OPTIMIZERS), default="adamw")
-    form.add_argument("--latex", action="store_true", help="LaTeX instead of plain text")
+    fit_cmd.add_argument("model", help=MODEL_HELP)
+    _add_options(fit_cmd, Setup)
+    fit_cmd.add_argument(
+        "--headroom",
+        type=_number("headroom", 0, 1, open_low=False, open_high=True),
+        default=0.0,
+        help="fraction of the GPU kept free (default 0)",
+    )
+    fit_cmd.add_argument(
+        "--reserve-gib",
+        dest="reserve_gib",
+        type=_number("reserve-gib", 0, 2**20, open_low=False, open_high=True),
+        default=DEFAULT_RESERVE_BYTES / 2**30,
+        help="GiB reserved for the CUDA context, workspaces and NCCL (default 1)",
+    )
+    _add_json(fit_cmd)
 
-    _add_serve_parser(sub)
-    _add_fit_parser(sub)
-    sub.add_parser("models", help="list model presets")
-    sub.add_parser("gpus", help="list GPU presets")
+    _add_formula_parser(sub)
+    _add_json(sub.add_parser("models", help="list model presets"))
+    _add_json(sub.add_parser("gpus", help="list GPU presets"))
     return parser
 
 
+# --- the commands: each returns its text and the same content as a JSON-ready dict -------------
+
+
 def _training_setup(args: argparse.Namespace) -> Setup:
-    return Setup(
-        resolve_model(args.model),
-        recipe=args.recipe,
-        optimizer=args.optimizer,
-        implementation=args.impl,
-        zero=args.zero,
-        gpus=args.gpus,
-        offload_optimizer=args.offload_optimizer,
-        offload_params=args.offload_params,
-        micro_batch=args.batch,
-        seq_len=args.seq,
-        tp=args.tp,
-        pp=args.pp,
-        sp=args.sp,
-        attention=args.attention,
-        recompute=args.recompute,
-        gpu=args.gpu,
-        lora_rank=args.lora_rank,
-        lora_targets=args.lora_targets,
-        quant=args.quant,
-        lora_dropout=args.lora_dropout,
-        activation_model=args.activations,
-        iteration=args.iteration,
-        schedule=args.schedule,
-        chunks=args.chunks,
-    )
+    given = {o.name: getattr(args, o.name) for o in options(Setup) if o.flag is not None}
+    if given["lora_targets"] is None:
+        del given["lora_targets"]
+    elif args.lora_rank is None:
+        raise InputError("lora-targets", "needs --lora-rank", got=",".join(given["lora_targets"]))
+    return Setup(resolve_model(args.model), **given)
 
 
-def _cmd_estimate(args: argparse.Namespace) -> str:
+def _cmd_estimate(args: argparse.Namespace) -> Result:
     setup = _training_setup(args)
     est = estimate(setup)
-    if args.json:
-        return json.dumps(est.as_dict(), indent=2, sort_keys=True)
+    data: dict[str, Any] = est.as_dict()
+    data["warnings"] = list(setup_warnings(setup))
     head = (
         f"{setup.model.name}: {param_count(setup.model):,} parameters; {setup.recipe}, "
         f"{setup.optimizer} ({setup.implementation}), ZeRO-{setup.zero} over {setup.gpus} GPU(s), "
         f"micro-batch {setup.micro_batch} x {setup.seq_len} tokens"
     )
-    if setup.lora_rank is not None:
+    if setup.lora_rank is None:
+        data["trainable_params"] = param_count(setup.model)
+    else:
         n = lora_param_count(setup.model, setup.lora_rank, setup.lora_targets)
+        data["trainable_params"] = n
+        data["frozen_base"] = setup.quant or "recipe dtype"
         head += (
             f"\nLoRA rank {setup.lora_rank} on {','.join(setup.lora_targets)}: {n:,} trainable "
             f"parameters; frozen base {setup.quant or 'in the recipe dtype'}"
         )
-    return head + "\n" + est.table()
+    return head + "\n" + est.table(), data
 
 
-def _cmd_fit(args: argparse.Namespace) -> str:
-    if args.gpu is None:
-        raise one_of("gpu", None, list(load_gpus()))
-    setup = _training_setup(args)
-    bud = budget(args.gpu, headroom=args.headroom, reserve_bytes=round(args.reserve_gib * 2**30))
-    return "\n".join(fit(setup, bud).lines())
+def _serve_data(est: ServeEstimate) -> dict[str, Any]:
+    data: dict[str, Any] = est.as_dict()
+    data["total_with_reserve_bytes"] = est.total_with_reserve_bytes
+    data["warnings"] = list(serve_warnings(est.setup))
+    return data
 
 
-def _cmd_serve(args: argparse.Namespace) -> str:
-    setup = Serve(
-        resolve_model(args.model),
-        context=args.context,
-        batch=args.batch,
-        weights=args.weights,
-        kv_dtype=args.kv_dtype,
-        tp=args.tp,
-        block=None if args.no_paging else args.block,
-        gpu=args.gpu,
-        gpu_util=args.gpu_util,
-    )
+def _cmd_serve(args: argparse.Namespace) -> Result:
+    given = {o.name: getattr(args, o.name) for o in options(Serve) if o.flag is not None}
+    if args.no_paging:
+        given["block"] = None
+    setup = Serve(resolve_model(args.model), **given)
     est = serve(setup)
-    if args.json:
-        return json.dumps(est.as_dict(), indent=2, sort_keys=True)
     head = (
         f"{setup.model.name}: serving {setup.batch} x {setup.context} tokens, weights "
         f"{setup.weights}, KV cache {setup.kv_dtype}, tensor parallel {setup.tp}"
     )
-    return head + "\n" + est.table()
+    return head + "\n" + est.table(), _serve_data(est)
 
 
-def _cmd_formula(args: argparse.Namespace) -> str:
-    exprs: dict[str, sympy.Expr]
-    if args.term == "params":
-        spec = resolve_model(args.model)
-        exprs = {**param_exprs(spec), "total": param_total_expr(spec)}
-    elif args.term == "states":
-        spec = resolve_model(args.model)
-        exprs = model_state_exprs(spec, args.recipe, args.optimizer)
-    elif args.term == "zero":
-        exprs = {f"zero-{args.stage} bytes per GPU": zero_paper_bytes(args.stage)}
-    else:
-        exprs = {
-            f"zero-{args.stage} elements communicated": zero_communication_elements(args.stage)
+def _solution_dict(sol: Solution) -> dict[str, Any]:
+    return {
+        "question": sol.question,
+        "unknown": str(sol.unknown),
+        "status": sol.status,
+        "value": sol.value,
+        "method": sol.method,
+        "limit_bytes": sol.limit,
+        "bytes": sol.bytes,
+        "neighbour": sol.neighbour,
+        "neighbour_bytes": sol.neighbour_bytes,
+        "verified": sol.verified,
+        "text": str(sol),
+    }
+
+
+def fit_dict(answer: Fit) -> dict[str, Any]:
+    """``answer.as_dict()`` where :class:`~vrammath.solve.Fit` has one, else built here from its
+    fields: the budget, the plan and what was tried, each answer with its back-substitution, and
+    the breakdown it was solved on."""
+    own = getattr(answer, "as_dict", None)
+    if callable(own):
+        result: dict[str, Any] = own()
+        return result
+    bud, plan = answer.budget, answer.plan
+    return {
+        "budget": {
+            "gpu": bud.gpu,
+            "capacity_bytes": bud.capacity,
+            "headroom": bud.headroom,
+            "reserve_bytes": bud.reserve_bytes,
+            "usable_bytes": bud.usable,
+        },
+        "plan": {
+            "label": plan.label,
+            "gpus": None if plan.setup is None else plan.setup.gpus,
+            "bytes": None if plan.estimate is None else plan.estimate.gpu_bytes,
+            "limit_bytes": plan.limit,
+            "tried": [
+                {"label": t.label, "cost": str(t.cost), "bytes": t.bytes, "fits": t.fits}
+                for t in plan.tried
+            ],
+            "text": str(plan),
+        },
+        "batch": _solution_dict(answer.batch),
+        "sequence": _solution_dict(answer.sequence),
+        "gpus": _solution_dict(answer.gpus),
+        "basis": answer.basis.as_dict(),
+    }
+
+
+def _cmd_fit(args: argparse.Namespace) -> Result:
+    if args.gpu is None:
+        raise one_of("gpu", None, list(load_gpus()))
+    setup = _training_setup(args)
+    bud = budget(args.gpu, headroom=args.headroom, reserve_bytes=round(args.reserve_gib * 2**30))
+    if bud.usable <= 0:
+        raise InputError(
+            "headroom/reserve-gib",
+            f"leave nothing of {bud.gpu}'s {fmt_bytes(bud.capacity)} (usable {fmt_bytes(bud.usable)})",
+            got=(args.headroom, args.reserve_gib),
+        )
+    answer = fit(setup, bud)
+    data = fit_dict(answer)
+    data["warnings"] = list(setup_warnings(setup))
+    return "\n".join(answer.lines()), data
+
+
+def _formula_exprs(args: argparse.Namespace, spec: ModelSpec) -> dict[str, sympy.Expr]:
+    term, recipe, optimizer, impl = args.term, args.recipe, args.optimizer, args.impl
+    precision = PRECISION_OF[check("recipe", recipe, RECIPE_NAMES)]
+    hf_terms = ("activations", "logits", "phases")
+    if term in hf_terms and spec.family == "gpt" and precision.startswith("autocast"):
+        raise InputError("recipe", "autocast is not derived for GPT-2's activations", recipe)
+    if term == "params":
+        return {**param_exprs(spec), "total": param_total_expr(spec)}
+    if term == "states":
+        return model_state_exprs(spec, recipe, optimizer)
+    if term == "zero":
+        return {f"zero-{args.stage} bytes per GPU (ZeRO paper)": zero_paper_bytes(args.stage)}
+    if term == "communication":
+        return {f"zero-{args.stage} elements communicated": zero_communication_elements(args.stage)}
+    if term == "activations":
+        out: dict[str, sympy.Expr] = {}
+        for parallel in PARALLELS:
+            for recompute in RECOMPUTES:
+                out[f"korthikanti layer, parallel {parallel}, recompute {recompute}"] = (
+                    korthikanti_layer_bytes(parallel, recompute)
+                )
+        for schedule in SCHEDULES:
+            out[f"korthikanti first pipeline stage, tp_sp, {schedule}"] = (
+                korthikanti_first_stage_bytes("tp_sp", "none", schedule=schedule)
+            )
+        out[f"hf layer ({spec.model_type}, {args.attention}, {precision})"] = hf_layer_bytes(
+            spec, args.attention, precision
+        )
+        for recompute in HF_RECOMPUTES:
+            exprs = activation_exprs(spec, args.attention, precision, recompute)
+            out[f"hf activations, all layers, recompute {recompute}"] = exprs["activations"]
+        return out
+    if term == "logits":
+        return hf_logits_loss_terms(spec, precision)
+    if term == "temporaries":
+        return {
+            f"optimizer step temporaries ({impl})": optimizer_step_temp_expr(
+                spec, recipe, optimizer, impl
+            )
         }
+    if term == "phases":
+        setup = Setup(
+            spec,
+            recipe=recipe,
+            optimizer=optimizer,
+            implementation=impl,
+            zero=args.stage,
+            attention=args.attention,
+        )
+        return dict(estimate(setup).phase_exprs)
+    if term == "lora":
+        targets = args.lora_targets
+        states = lora_state_exprs(spec, 1, targets, recipe, optimizer)  # in r, not the 1
+        return {
+            "trainable parameters": lora_param_expr(spec, targets),
+            **{f"adapter {k}": v for k, v in states.items()},
+            f"adapter step temporaries ({impl})": lora_step_temp_expr(
+                spec, 1, targets, recipe, optimizer, impl
+            ),
+        }
+    if term == "qlora":
+        return {
+            f"frozen base {k} ({args.quant})": v
+            for k, v in frozen_base_exprs(spec, args.quant).items()
+        }
+    return {
+        "KV cache": kv_cache_expr(spec),
+        "KV cache per GPU, tensor parallel, paged": kv_cache_expr(spec, tp=True, paged=True),
+    }
+
+
+def _cmd_formula(args: argparse.Namespace) -> Result:
+    spec = resolve_model(args.model) if args.model is not None else load_model(FORMULA_MODEL)
+    exprs = _formula_exprs(args, spec)
+    if args.model is not None:
+        sizes = {**size_values(spec), P: param_count(spec)}
+        exprs = {k: v.subs(sizes) for k, v in exprs.items()}
     render = sympy.latex if args.latex else str
-    return "\n".join(f"{name}: {render(expr)}" for name, expr in exprs.items())
+    data = {
+        "term": args.term,
+        "model": spec.name,
+        "sizes_substituted": args.model is not None,
+        "format": "latex" if args.latex else "text",
+        "exprs": [{"name": k, "expr": render(v)} for k, v in exprs.items()],
+        "warnings": list(getattr(spec, "warnings", ())) if args.model is not None else [],
+    }
+    return "\n".join(f"{e['name']}: {e['expr']}" for e in data["exprs"]), data
 
 
-def _cmd_models() -> str:
-    lines = []
+def _cmd_models() -> Result:
+    lines, rows = [], []
     for name in model_names():
         spec = load_model(name)
+        n = param_count(spec)
         lines.append(
-            f"{name:14} {spec.model_type:8} {param_count(spec):>17,} params  h={spec.hidden} "
+            f"{name:14} {spec.model_type:8} {n:>17,} params  h={spec.hidden} "
             f"L={spec.layers} heads={spec.heads}/{spec.kv_heads} vocab={spec.vocab}"
         )
-    return "\n".join(lines)
+        rows.append(
+            {
+                "name": name,
+                "model_type": spec.model_type,
+                "params": n,
+                "hidden": spec.hidden,
+                "layers": spec.layers,
+                "heads": spec.heads,
+                "kv_heads": spec.kv_heads,
+                "vocab": spec.vocab,
+            }
+        )
+    return "\n".join(lines), {"models": rows}
 
 
-def _cmd_gpus() -> str:
-    return "\n".join(
-        f"{g.name:16} {fmt_gb(g.bytes):>10} / {fmt_gib(g.bytes):>11}  {g.label}"
-        for g in load_gpus().values()
+def _cmd_gpus() -> Result:
+    gpus = load_gpus().values()
+    text = "\n".join(
+        f"{g.name:16} {fmt_gb(g.bytes):>10} / {fmt_gib(g.bytes):>11}  {g.label}" for g in gpus
     )
+    rows = [{"name": g.name, "bytes": g.bytes, "label": g.label, "source": g.source} for g in gpus]
+    return text, {"gpus": rows}
+
+
+def _run(args: argparse.Namespace) -> Result:
+    if args.command == "estimate":
+        return _cmd_estimate(args)
+    if args.command == "serve":
+        return _cmd_serve(args)
+    if args.command == "fit":
+        return _cmd_fit(args)
+    if args.command == "formula":
+        return _cmd_formula(args)
+    if args.command == "models":
+        return _cmd_models()
+    return _cmd_gpus()
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # stderr itself is gone: nothing left to tell
+        print(_printable(line), file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 bad input)."""
-    args = build_parser().parse_args(argv)
+    """Entry point; returns the exit status (0 ok, 2 bad input, 1 the output could not be
+    written)."""
     try:
-        if args.command == "estimate":
-            out = _cmd_estimate(args)
-        elif args.command == "serve":
-            out = _cmd_serve(args)
-        elif args.command == "fit":
-            out = _cmd_fit(args)
-        elif args.command == "formula":
-            out = _cmd_formula(args)
-        elif args.command == "models":
-            out = _cmd_models()
-        else:
-            out = _cmd_gpus()
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its one line (or the help)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        text, data = _run(args)
     except InputError as exc:
-        print(f"vrammath: error: {exc}", file=sys.stderr)
+        _say(f"vrammath: error: {exc}")
         return 2
+    for warning in data.get("warnings", []):
+        _say(f"vrammath: warning: {warning}")
+    out = json.dumps(data, indent=2, sort_keys=True) if args.json else text
     try:
         print(out, flush=True)
     except BrokenPipeError:  # the reader left early (``| head``): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:  # e.g. ``> /dev/full``
+        _say(f"vrammath: error: cannot write the output ({exc.strerror or type(exc).__name__})")
+        return 1
     return 0
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["FORMULAS", "build_parser", "fit_dict", "main"]

@@ -18,8 +18,31 @@ class InputError(ValueError):
     def __init__(self, field: str, allowed: str, got: object = ...) -> None:
         self.field = field
         self.allowed = allowed
-        got_text = "" if got is ... else f" (got {got!r})"
-        super().__init__(f"{field}: {allowed}{got_text}")
+        got_text = "" if got is ... else f" (got {_shown(got)})"
+        super().__init__(f"{_line(field)}: {_line(allowed)}{got_text}")
+
+
+def _line(text: str) -> str:
+    """``text`` itself, or its escaped ``repr`` when it holds a newline or other control
+    character, so that every message stays one line.
+
+    >>> _line("config"), _line("con\\nfig")
+    ('config', "'con\\\\nfig'")
+    """
+    return text if text.isprintable() else repr(text)
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters; a huge integer by its size (``repr`` of one
+    over 4,300 digits raises, and none should be echoed whole).
+
+    >>> _shown(10**5000)
+    'an integer of 16610 bits'
+    """
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def one_of(field: str, value: object, allowed: list[str] | tuple[str, ...]) -> InputError:

@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from vrammath.params import param_count, rank_param_count
+from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import N_d, P, b, m, p, r, s, t
 from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, Context, Group, Term, per_rank, text
-from vrammath.units import fmt_gb, fmt_gib
 
 
 @dataclass(frozen=True)
@@ -126,107 +125,16 @@ class Estimate:
         return None if spec is None else self.gpu_bytes <= spec.bytes
 
     def as_dict(self) -> dict[str, object]:
-        """Machine-readable form with stable keys; bytes are integers (None = not estimated)."""
-        spec = self.gpu_spec
-        setup = self.setup
-        return {
-            "model": setup.model.name,
-            "params": param_count(setup.model),
-            "setup": {
-                "recipe": setup.recipe,
-                "optimizer": setup.optimizer,
-                "implementation": setup.implementation,
-                "zero": setup.zero,
-                "gpus": setup.gpus,
-                "offload_optimizer": setup.offload_optimizer,
-                "offload_params": setup.offload_params,
-                "micro_batch": setup.micro_batch,
-                "seq_len": setup.seq_len,
-                "tp": setup.tp,
-                "pp": setup.pp,
-                "sp": setup.sp,
-                "attention": setup.attention,
-                "recompute": setup.recompute,
-                "gpu": setup.gpu,
-                "lora_rank": setup.lora_rank,
-                "lora_targets": list(setup.lora_targets),
-                "quant": setup.quant,
-                "lora_dropout": setup.lora_dropout,
-                "activation_model": setup.activation_formula,
-                "iteration": setup.iteration,
-                "schedule": setup.schedule,
-                "chunks": setup.chunks,
-                "device": setup.device,
-            },
-            "phases": self.phases,
-            "components": [
-                {
-                    "key": c.key,
-                    "label": c.label,
-                    "device": c.device,
-                    "bytes": c.bytes,
-                    "expr": None if c.expr is None else str(c.expr),
-                    "note": c.note,
-                }
-                for c in self.components
-            ],
-            "totals": {
-                "gpu_bytes": self.gpu_bytes,
-                "cpu_bytes": self.cpu_bytes,
-                "model_state_bytes": self.model_state_bytes,
-                "peak_phase": self.peak_phase,
-            },
-            "unestimated": list(self.unestimated),
-            "gpu": None
-            if spec is None
-            else {"name": spec.name, "bytes": spec.bytes, "fits": self.fits()},
-        }
+        """Machine-readable form with stable keys (see :func:`vrammath.report.estimate_dict`)."""
+        from vrammath.report import estimate_dict
+
+        return estimate_dict(self)
 
     def table(self) -> str:
-        """A plain-text breakdown table, GB (1e9 bytes) and GiB (2**30 bytes) side by side."""
-        rows = [("component", "device", "GB (1e9 B)", "GiB (2^30 B)", "formula")]
-        for c in self.components:
-            if c.bytes is None:
-                rows.append((c.label, c.device, "not estimated", "", c.note))
-            else:
-                expr = "" if c.expr is None else str(c.expr)
-                rows.append((c.label, c.device, fmt_gb(c.bytes), fmt_gib(c.bytes), expr))
-        for phase, value in self.phases.items():
-            rows.append((f"phase: {phase}", "gpu", fmt_gb(value), fmt_gib(value), ""))
-        rows.append(
-            (
-                f"peak per GPU ({self.peak_phase})",
-                "gpu",
-                fmt_gb(self.gpu_bytes),
-                fmt_gib(self.gpu_bytes),
-                "",
-            )
-        )
-        if self.cpu_bytes:
-            rows.append(
-                ("total CPU per rank", "cpu", fmt_gb(self.cpu_bytes), fmt_gib(self.cpu_bytes), "")
-            )
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = [
-            "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows
-        ]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        spec = self.gpu_spec
-        if spec is not None:
-            verdict = "fits" if self.fits() else "does NOT fit"
-            free = spec.bytes - self.gpu_bytes
-            lines.append(
-                f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}, "
-                f"headroom {fmt_gb(free)} / {fmt_gib(free)}"
-            )
-        if self.unestimated:
-            lines.append("not estimated: " + ", ".join(self.unestimated) + " (totals exclude them)")
-        lines.append(
-            "not counted: CUDA context, cuBLAS/NCCL workspaces, allocator rounding and "
-            "fragmentation (reserve them: vrammath fit --reserve-gib, solve.DEFAULT_RESERVE_BYTES)"
-        )
-        return "\n".join(lines)
+        """Plain-text breakdown (see :func:`vrammath.report.estimate_table`)."""
+        from vrammath.report import estimate_table
+
+        return estimate_table(self)
 
 
 def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:

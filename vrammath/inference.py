@@ -34,20 +34,20 @@ References
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 
 from vrammath.errors import InputError, one_of, positive_int
+from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.model import ModelSpec
 from vrammath.params import Tensor, param_count, size_values, tensors
 from vrammath.peft import quant_tensor_exprs, quantized_tensors
 from vrammath.presets import GPU, gpu
 from vrammath.symbols import B_kv, L, P, T, a_kv, b, blk, d, t, w_win
-from vrammath.units import dtype_bytes, fmt_gb, fmt_gib
+from vrammath.units import dtype_bytes
+from vrammath.vocab import KV_DTYPES, SERVE_WEIGHTS, KvDtype, ServeWeights, check
 
-SERVE_WEIGHTS = ("fp16", "bf16", "int8", "int4", "nf4")
-KV_DTYPES = ("fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "int8")
 INT4_GROUP = 128  # GPTQ / AWQ default group size
 
 
@@ -167,6 +167,8 @@ def kv_cache_bytes(
     >>> kv_cache_bytes(load_model("llama-2-7b"), 1, 17, block=16) == 32 * 512 * 1024
     True
     """
+    if block is not None:
+        positive_int("block", block)  # 0 is refused, not read as unpaged
     expr = kv_cache_expr(
         spec,
         tp=tp > 1,
@@ -283,32 +285,98 @@ class Serve:
 
     ``gpu_util`` is the fraction of the GPU the server may use for weights + KV cache (vLLM's
     ``gpu_memory_utilization``, default 0.9); the rest is the stated runtime reserve (CUDA context,
-    activations of the forward pass, allocator slack). ``block=None`` is an unpaged cache.
+    activations of the forward pass, allocator slack). ``block=None`` is an unpaged cache. Each
+    field is declared once with its CLI flag and bounds (:mod:`vrammath.fields`).
+
+    >>> from vrammath.presets import load_model
+    >>> Serve(load_model("llama-2-70b"), tp=3)
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: tp: must divide the attention heads (64) (got 3)
     """
 
     model: ModelSpec
-    context: int = 4096
-    batch: int = 1
-    weights: str = "bf16"
-    kv_dtype: str = "bf16"
-    tp: int = 1
-    block: int | None = 16
-    gpu: str | None = None
-    gpu_util: float = 0.9
-    group: int = INT4_GROUP
+    context: int = field(
+        default=4096,
+        metadata=option(
+            "--context", f"tokens per sequence (1..{MAX_TOKENS})", low=1, high=MAX_TOKENS
+        ),
+    )
+    batch: int = field(
+        default=1,
+        metadata=option(
+            "--batch", f"sequences (1..{MAX_TOKENS})", low=1, high=MAX_TOKENS, short="-b"
+        ),
+    )
+    weights: ServeWeights = field(
+        default="bf16",
+        metadata=option(
+            "--weights", "weight format: " + ", ".join(SERVE_WEIGHTS), choices=SERVE_WEIGHTS
+        ),
+    )
+    kv_dtype: KvDtype = field(
+        default="bf16",
+        metadata=option("--kv-dtype", "KV-cache dtype: " + ", ".join(KV_DTYPES), choices=KV_DTYPES),
+    )
+    tp: int = field(
+        default=1,
+        metadata=option(
+            "--tp",
+            "tensor-parallel GPUs (divides the heads; KV heads replicated past their count)",
+            low=1,
+            high=MAX_COUNT,
+        ),
+    )
+    block: int | None = field(
+        default=16,
+        metadata=option(
+            "--block", f"paged KV block size in tokens (1..{MAX_COUNT})", low=1, high=MAX_COUNT
+        ),
+    )
+    gpu: str | None = field(
+        default=None, metadata=option("--gpu", "GPU preset to check the fit against", kind="gpu")
+    )
+    gpu_util: float = field(
+        default=0.9,
+        metadata=option(
+            "--gpu-util",
+            "fraction of the GPU for weights + KV (vLLM's gpu_memory_utilization; default 0.9)",
+            kind="fraction",
+        ),
+    )
+    group: int = field(
+        default=INT4_GROUP,
+        metadata=option(None, "int4 quantization group size", low=1, high=MAX_COUNT),
+    )
 
     def __post_init__(self) -> None:
-        for name in ("context", "batch", "tp", "group"):
-            positive_int(name, getattr(self, name))
-        if self.block is not None:
-            positive_int("block", self.block)
-        if self.weights not in SERVE_WEIGHTS:
-            raise one_of("weights", self.weights, SERVE_WEIGHTS)
-        kv_dtype_bytes(self.kv_dtype)
+        if not isinstance(self.model, ModelSpec):
+            raise InputError(
+                "model", "must be a ModelSpec (see vrammath.load_model)", type(self.model).__name__
+            )
+        check_bounds(self)
+        check("weights", self.weights, SERVE_WEIGHTS)
+        check("kv_dtype", self.kv_dtype, KV_DTYPES)
         if self.gpu is not None:
+            if not isinstance(self.gpu, str):
+                raise InputError("gpu", "must be a GPU preset name", self.gpu)
             gpu(self.gpu)
-        if isinstance(self.gpu_util, bool) or not 0 < float(self.gpu_util) <= 1:
+        if (
+            isinstance(self.gpu_util, bool)
+            or not isinstance(self.gpu_util, int | float)
+            or not 0 < self.gpu_util <= 1
+        ):
             raise InputError("gpu_util", "must be a number in (0, 1]", got=self.gpu_util)
+        spec = self.model
+        if self.tp > spec.heads or spec.heads % self.tp:
+            raise InputError("tp", f"must divide the attention heads ({spec.heads})", self.tp)
+        if spec.kv_heads % self.tp and self.tp % spec.kv_heads:
+            raise InputError(
+                "tp",
+                f"must divide the KV heads ({spec.kv_heads}) or be a multiple of them (each KV "
+                "head is then replicated, as vLLM does)",
+                self.tp,
+            )
 
 
 @dataclass(frozen=True)
@@ -384,87 +452,39 @@ class ServeEstimate:
                 hi = mid
         return lo
 
+    @property
+    def total_with_reserve_bytes(self) -> int:
+        """Weights + constants + KV cache + the runtime reserve: all of the GPU the server takes."""
+        return self.total_bytes + self.reserve_bytes
+
     def as_dict(self) -> dict[str, object]:
-        """Machine-readable form (bytes as integers)."""
-        s = self.setup
-        spec = self.gpu_spec
-        return {
-            "model": s.model.name,
-            "setup": {
-                "context": s.context,
-                "batch": s.batch,
-                "weights": s.weights,
-                "kv_dtype": s.kv_dtype,
-                "tp": s.tp,
-                "block": s.block,
-                "gpu": s.gpu,
-                "gpu_util": s.gpu_util,
-            },
-            "weights_bytes": self.weights_bytes,
-            "quant_constants_bytes": self.quant_constants_bytes,
-            "kv_cache_bytes": self.kv_bytes,
-            "kv_cache_expr": str(self.kv_expr),
-            "kv_bytes_per_token": self.per_token_bytes,
-            "reserve_bytes": self.reserve_bytes,
-            "total_bytes": self.total_bytes,
-            "gpu": None
-            if spec is None
-            else {
-                "name": spec.name,
-                "bytes": spec.bytes,
-                "fits": self.fits(),
-                "kv_budget_bytes": self.kv_budget_bytes,
-                "max_batch_at_context": self.max_batch(),
-                "max_context_at_batch": self.max_context(),
-            },
-        }
+        """Machine-readable form, bytes as integers (see :func:`vrammath.report.serve_dict`)."""
+        from vrammath.report import serve_dict
+
+        return serve_dict(self)
 
     def table(self) -> str:
-        """Plain-text breakdown, GB (1e9) and GiB (2**30) side by side."""
-        s = self.setup
-        rows = [
-            (f"weights ({s.weights}, per GPU)", self.weights_bytes, ""),
-            ("quantization constants", self.quant_constants_bytes, ""),
-            (
-                f"KV cache ({s.batch} x {s.context} tokens, {s.kv_dtype})",
-                self.kv_bytes,
-                str(self.kv_expr),
-            ),
-        ]
-        if self.gpu_spec is not None:
-            rows.append(
-                (
-                    f"runtime reserve ({1 - s.gpu_util:.0%} of the GPU)",
-                    self.reserve_bytes,
-                    "not for weights or KV",
-                )
-            )
-        lines = [f"{'component':44} {'GB (1e9 B)':>12} {'GiB (2^30 B)':>13}  formula"]
-        for label, value, formula in rows:
-            lines.append(f"{label:44} {fmt_gb(value):>12} {fmt_gib(value):>13}  {formula}".rstrip())
-        total = self.total_bytes + self.reserve_bytes
-        lines.append(f"{'total per GPU':44} {fmt_gb(total):>12} {fmt_gib(total):>13}")
-        lines.append(
-            f"KV cache per token per GPU: {self.per_token_bytes:,} bytes"
-            + (
-                ""
-                if self.block_bytes is None
-                else f"; block of {s.block} tokens: {self.block_bytes:,} bytes"
-            )
+        """Plain-text breakdown (see :func:`vrammath.report.serve_table`)."""
+        from vrammath.report import serve_table
+
+        return serve_table(self)
+
+
+def serve_warnings(setup: Serve) -> tuple[str, ...]:
+    """What a serving setup is allowed to do but should be told: the model's own warnings, and a
+    context longer than the model was trained for.
+
+    >>> from vrammath.presets import load_model
+    >>> serve_warnings(Serve(load_model("gpt2"), context=2048))
+    ("context 2048 exceeds the model's max_position_embeddings (1024)",)
+    """
+    out = list(getattr(setup.model, "warnings", ()))
+    if setup.context > setup.model.max_positions:
+        out.append(
+            f"context {setup.context} exceeds the model's max_position_embeddings "
+            f"({setup.model.max_positions})"
         )
-        spec = self.gpu_spec
-        if spec is not None:
-            verdict = "fits" if self.fits() else "does NOT fit"
-            budget = self.kv_budget_bytes or 0
-            lines.append(
-                f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}; "
-                f"KV budget after weights and reserve {fmt_gb(budget)} / {fmt_gib(budget)}"
-            )
-            lines.append(
-                f"largest batch at {s.context} tokens: {self.max_batch()}; "
-                f"longest context at batch {s.batch}: {self.max_context():,} tokens"
-            )
-        return "\n".join(lines)
+    return tuple(out)
 
 
 def serve(setup: Serve) -> ServeEstimate:
@@ -511,6 +531,7 @@ __all__ = [
     "kv_heads_per_gpu_expr",
     "kv_values",
     "serve",
+    "serve_warnings",
     "serving_weight_bytes",
     "serving_weight_exprs",
 ]

@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 
 from vrammath.errors import InputError, one_of
+from vrammath.hub import fetch_config, is_hub_id
 from vrammath.model import ModelSpec, from_hf_config
 
 
@@ -43,15 +44,92 @@ def model_names() -> list[str]:
     return sorted(p.stem for p in (conf_dir() / "models").glob("*.json"))
 
 
+#: the largest config.json accepted (real ones are a few kB; ``id2label`` tables reach ~100 kB)
+MAX_CONFIG_BYTES = 4 * 2**20
+#: the deepest nesting of objects and arrays accepted (real configs nest 2-4 levels)
+MAX_CONFIG_DEPTH = 64
+#: the largest integer accepted in a config (int64, what every JSON reader in the chain holds)
+MAX_CONFIG_INT = 2**63 - 1
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of ``{``/``[`` outside strings (a linear scan, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "}]":
+            depth -= 1
+    return deepest
+
+
 def parse_config_text(text: str, source: str) -> dict[str, object]:
-    """Parse a config.json's text; malformed or non-object JSON is an :class:`InputError`."""
+    """Parse a config.json's text; malformed or non-object JSON is an :class:`InputError`, and so
+    is one past the size, nesting or integer limits (:data:`MAX_CONFIG_BYTES`,
+    :data:`MAX_CONFIG_DEPTH`, :data:`MAX_CONFIG_INT`), or holding NaN or Infinity.
+
+    >>> parse_config_text('{"vocab_size": 1' + "0" * 30 + "}", "config.json")
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: config.json: integers must be at most 2**63 - 1 (got a 31-digit number)
+    >>> parse_config_text("[" * 100 + "]" * 100, "config.json")
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: config.json: must nest at most 64 levels (got 100)
+    """
+    if len(text) > MAX_CONFIG_BYTES:
+        raise InputError(source, f"must be at most {MAX_CONFIG_BYTES} bytes", f"{len(text)} bytes")
+    deepest = _nesting(text)
+    if deepest > MAX_CONFIG_DEPTH:
+        raise InputError(source, f"must nest at most {MAX_CONFIG_DEPTH} levels", got=deepest)
+
+    def integer(digits: str) -> int:
+        if len(digits.lstrip("-")) > 19 or abs(int(digits)) > MAX_CONFIG_INT:
+            raise InputError(
+                source,
+                "integers must be at most 2**63 - 1",
+                got=_Shown(f"a {len(digits.lstrip('-'))}-digit number"),
+            )
+        return int(digits)
+
+    def number(digits: str) -> float:
+        value = float(digits)
+        if value in (float("inf"), float("-inf")):
+            raise InputError(source, "numbers must be finite", got=_Shown(digits[:40]))
+        return value
+
+    def constant(name: str) -> object:
+        raise InputError(source, "must not hold NaN or Infinity (not JSON)", got=_Shown(name))
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=integer, parse_float=number, parse_constant=constant)
     except json.JSONDecodeError as exc:
         raise InputError(source, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:  # the depth check above keeps this out of reach; kept as a guard
+        raise InputError(source, f"must nest at most {MAX_CONFIG_DEPTH} levels") from None
     if not isinstance(data, dict):
         raise InputError(source, "must hold a JSON object", got=type(data).__name__)
     return data
+
+
+class _Shown(str):
+    """Text shown as is in an error's ``(got ...)``, not quoted."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 @cache
@@ -72,30 +150,61 @@ def raw_config(name: str) -> dict[str, object]:
     return parse_config_text(path.read_text(encoding="utf-8"), path.name)
 
 
+def _read_limited(file: Path, field: str) -> str:
+    """A config file's text, refused past :data:`MAX_CONFIG_BYTES` before it is read."""
+    try:
+        size = file.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise InputError(
+                field, f"must be at most {MAX_CONFIG_BYTES} bytes", got=_Shown(f"{size} bytes")
+            )
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(
+            field, f"cannot be read ({exc.__class__.__name__})", got=str(file)
+        ) from None
+
+
 def load_config_file(path: str | Path) -> ModelSpec:
     """A :class:`ModelSpec` from a config.json on disk (the file's parent folder names it)."""
     file = Path(path)
-    if not file.is_file():
+    if not _is_file(str(path)):
         raise InputError(
             "config", "must be a preset name or an existing config.json", got=str(path)
         )
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(
-            "config", f"cannot be read ({exc.__class__.__name__})", got=str(path)
-        ) from None
+    text = _read_limited(file, "config")
     name = file.parent.name if file.name == "config.json" else file.stem
-    return from_hf_config(parse_config_text(text, file.name), name=name or file.stem)
+    name = name or file.stem
+    if not name.isprintable():
+        name = repr(name)[1:-1]  # a heading must stay one line
+    return from_hf_config(parse_config_text(text, file.name), name=name)
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or else a config.json by path."""
+    """A preset by name, or else a config.json by path, or else a Hugging Face Hub id
+    (``owner/name``: only its config.json is fetched, see :mod:`vrammath.hub`)."""
+    if not isinstance(name_or_path, str):
+        raise InputError("model", "must be a preset name, a path or a Hub id", got=name_or_path)
     if name_or_path in model_names():
         return load_model(name_or_path)
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+    if name_or_path.endswith(".json") or _is_file(name_or_path):
         return load_config_file(name_or_path)
-    raise one_of("model", name_or_path, [*model_names(), "<path to config.json>"])
+    if is_hub_id(name_or_path):
+        path = fetch_config(name_or_path)
+        text = _read_limited(path, "config")
+        return from_hf_config(
+            parse_config_text(text, f"{name_or_path}/config.json"), name=name_or_path
+        )
+    raise one_of(
+        "model", name_or_path, [*model_names(), "<path to config.json>", "<owner/name on the Hub>"]
+    )
 
 
 @dataclass(frozen=True)
@@ -123,6 +232,8 @@ def load_gpus() -> dict[str, GPU]:
 def gpu(name: str) -> GPU:
     """A GPU preset by name (case-insensitive)."""
     gpus = load_gpus()
+    if not isinstance(name, str):
+        raise one_of("gpu", name, list(gpus))
     for key, value in gpus.items():
         if key.lower() == name.lower():
             return value
@@ -131,6 +242,9 @@ def gpu(name: str) -> GPU:
 
 __all__ = [
     "GPU",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
+    "MAX_CONFIG_INT",
     "conf_dir",
     "gpu",
     "load_config_file",

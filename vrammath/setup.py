@@ -1,5 +1,8 @@
-"""One training setup: the model, how it is stored and optimized, how it is split, and the
-allowed values of each of its choices.
+"""One training setup: the model, how it is stored and optimized, how it is split.
+
+Each field is declared once, with its CLI flag, help, allowed values and bounds
+(:mod:`vrammath.fields`); the CLI's options, ``as_dict`` and the checks below read them. Every
+rule that ties two fields together lives in :meth:`Setup.__post_init__`.
 
 Examples
 ========
@@ -12,37 +15,55 @@ Examples
 Traceback (most recent call last):
 ...
 vrammath.errors.InputError: attention: must be one of sdpa, eager (got 'flash')
+>>> Setup(load_model("llama-2-70b"), tp=16)
+Traceback (most recent call last):
+...
+vrammath.errors.InputError: tp: must divide the KV heads (8) as Megatron splits KV groups (got 16)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from vrammath.errors import InputError, one_of, positive_int
+from vrammath.errors import InputError
+from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.model import ModelSpec
-from vrammath.parallel import zero_stage
-from vrammath.peft import QUANTS, adapted_linears, lora_targets
+from vrammath.parallel import FSDP_STRATEGIES, zero_stage
+from vrammath.peft import adapted_linears, lora_targets
 from vrammath.presets import gpu
-from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES
+from vrammath.vocab import (
+    ACTIVATION_MODELS,
+    ATTENTIONS,
+    DEVICES,
+    IMPLEMENTATIONS,
+    ITERATIONS,
+    OPTIMIZERS,
+    PRECISION_OF,
+    QUANTS,
+    RECIPE_NAMES,
+    RECOMPUTES,
+    SCHEDULES,
+    ActivationModel,
+    Attention,
+    Device,
+    Implementation,
+    Iteration,
+    Optimizer,
+    Quant,
+    Recipe,
+    Recompute,
+    Schedule,
+    check,
+)
 
-ATTENTION = ("sdpa", "eager")
-RECOMPUTE = ("none", "selective", "full")
-ACTIVATION_MODELS = ("auto", "hf", "korthikanti")
-ITERATIONS = ("steady", "first")
-SCHEDULES = ("1f1b", "interleaved")
-#: where the kernels run: CUDA and CPU kernels keep different tensors (dropout masks, norm stats)
-DEVICES = ("cuda", "cpu")
+# Names kept for callers of the earlier module (the tuples live in vrammath.vocab).
+ATTENTION = ATTENTIONS
+RECOMPUTE = RECOMPUTES
+DEFAULT_TARGETS = ("q", "v")
 
-# The dtype the forward runs in under each recipe (what the activations are kept in).
-PRECISION_OF = {
-    "fp32": "fp32",
-    "fp16-mixed": "fp16",
-    "bf16-mixed": "bf16",
-    "bf16-megatron": "bf16",
-    "autocast-bf16": "autocast-bf16",
-    "autocast-fp16": "autocast-fp16",
-    "bf16-pure": "bf16",
-}
+
+def _choices(help: str, allowed: tuple[str, ...], default: str) -> str:
+    return f"{help}: {', '.join(allowed)} (default {default})"
 
 
 @dataclass(frozen=True)
@@ -50,30 +71,170 @@ class Setup:
     """One training setup: the model, how it is stored and optimized, and how it is split."""
 
     model: ModelSpec
-    recipe: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    implementation: str = "foreach"
-    zero: int = 0
-    gpus: int = 1
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    micro_batch: int = 1
-    seq_len: int = 2048
-    tp: int = 1
-    pp: int = 1
-    sp: bool = False
-    attention: str = "sdpa"
-    recompute: str = "none"
-    gpu: str | None = None
-    lora_rank: int | None = None
-    lora_targets: tuple[str, ...] = ("q", "v")
-    quant: str | None = None
-    lora_dropout: bool = False
-    activation_model: str = "auto"
-    iteration: str = "steady"
-    schedule: str = "1f1b"
-    chunks: int = 1
-    device: str = "cuda"
+    recipe: Recipe = field(
+        default="bf16-mixed",
+        metadata=option(
+            "--recipe",
+            _choices("precision recipe", RECIPE_NAMES, "bf16-mixed"),
+            choices=RECIPE_NAMES,
+        ),
+    )
+    optimizer: Optimizer = field(
+        default="adamw",
+        metadata=option(
+            "--optimizer", _choices("optimizer", OPTIMIZERS, "adamw"), choices=OPTIMIZERS
+        ),
+    )
+    implementation: Implementation = field(
+        default="foreach",
+        metadata=option(
+            "--impl",
+            _choices("optimizer implementation", IMPLEMENTATIONS, "foreach"),
+            choices=IMPLEMENTATIONS,
+        ),
+    )
+    zero: int = field(
+        default=0,
+        metadata=option(
+            "--zero",
+            "ZeRO stage 0-3 or FSDP strategy " + ", ".join(FSDP_STRATEGIES),
+            low=0,
+            high=3,
+            kind="zero",
+        ),
+    )
+    gpus: int = field(
+        default=1,
+        metadata=option(
+            "--gpus",
+            f"data-parallel GPUs the states are sharded over (1..{MAX_COUNT}, default 1)",
+            low=1,
+            high=MAX_COUNT,
+        ),
+    )
+    offload_optimizer: bool = field(
+        default=False,
+        metadata=option(
+            "--offload-optimizer",
+            "keep master weights and optimizer states in CPU memory",
+            kind="switch",
+        ),
+    )
+    offload_params: bool = field(
+        default=False,
+        metadata=option(
+            "--offload-params", "keep the weight shards in CPU memory too (ZeRO-3)", kind="switch"
+        ),
+    )
+    micro_batch: int = field(
+        default=1,
+        metadata=option(
+            "--batch", f"micro-batch size (1..{MAX_TOKENS})", low=1, high=MAX_TOKENS, short="-b"
+        ),
+    )
+    seq_len: int = field(
+        default=2048,
+        metadata=option(
+            "--seq", f"sequence length (1..{MAX_TOKENS})", low=1, high=MAX_TOKENS, short="-s"
+        ),
+    )
+    tp: int = field(
+        default=1,
+        metadata=option("--tp", "tensor-parallel size (divides the heads)", low=1, high=MAX_COUNT),
+    )
+    pp: int = field(
+        default=1,
+        metadata=option(
+            "--pp", "pipeline-parallel size (at most the layers)", low=1, high=MAX_COUNT
+        ),
+    )
+    sp: bool = field(
+        default=False,
+        metadata=option("--sp", "sequence parallelism (needs --tp > 1)", kind="switch"),
+    )
+    attention: Attention = field(
+        default="sdpa",
+        metadata=option(
+            "--attention",
+            _choices("attention implementation", ATTENTIONS, "sdpa"),
+            choices=ATTENTIONS,
+        ),
+    )
+    recompute: Recompute = field(
+        default="none",
+        metadata=option(
+            "--recompute",
+            _choices("activation recomputation", RECOMPUTES, "none"),
+            choices=RECOMPUTES,
+        ),
+    )
+    gpu: str | None = field(
+        default=None, metadata=option("--gpu", "GPU preset to check the fit against", kind="gpu")
+    )
+    lora_rank: int | None = field(
+        default=None,
+        metadata=option("--lora-rank", "LoRA rank (frozen base)", low=1, high=MAX_COUNT),
+    )
+    lora_targets: tuple[str, ...] = field(
+        default=DEFAULT_TARGETS,
+        metadata=option(
+            "--lora-targets",
+            "adapted projections: q,k,v,o,gate,up,down or all-linear (default q,v; needs --lora-rank)",
+            kind="targets",
+        ),
+    )
+    quant: Quant | None = field(
+        default=None,
+        metadata=option(
+            "--quant",
+            "quantized frozen base (QLoRA; needs --lora-rank): " + ", ".join(QUANTS),
+            choices=QUANTS,
+        ),
+    )
+    lora_dropout: bool = field(
+        default=False,
+        metadata=option("--lora-dropout", "adapter dropout on (needs --lora-rank)", kind="switch"),
+    )
+    activation_model: ActivationModel = field(
+        default="auto",
+        metadata=option(
+            "--activations",
+            "activation formula: hf (exact, Hugging Face models), korthikanti (Megatron, as "
+            "published; needed for --tp/--pp/selective), auto (default: hf unless Megatron options)",
+            choices=ACTIVATION_MODELS,
+        ),
+    )
+    iteration: Iteration = field(
+        default="steady",
+        metadata=option(
+            "--iteration",
+            "steady (2nd iteration on, optimizer states exist) or first",
+            choices=ITERATIONS,
+        ),
+    )
+    schedule: Schedule = field(
+        default="1f1b",
+        metadata=option(
+            "--schedule",
+            "pipeline schedule (Korthikanti's first stage): " + ", ".join(SCHEDULES),
+            choices=SCHEDULES,
+        ),
+    )
+    chunks: int = field(
+        default=1,
+        metadata=option(
+            "--chunks",
+            "model chunks per stage (interleaved schedule only; > 1 there)",
+            low=1,
+            high=MAX_COUNT,
+        ),
+    )
+    device: Device = field(
+        default="cuda",
+        metadata=option(
+            "--device", _choices("where the kernels run", DEVICES, "cuda"), choices=DEVICES
+        ),
+    )
 
     @property
     def activation_formula(self) -> str:
@@ -81,75 +242,146 @@ class Setup:
         formulas for tensor/pipeline parallelism and selective recomputation, else HF-exact)."""
         if self.activation_model != "auto":
             return self.activation_model
-        megatron = self.tp > 1 or self.pp > 1 or self.recompute == "selective"
-        return "korthikanti" if megatron else "hf"
+        return "korthikanti" if self._megatron else "hf"
+
+    @property
+    def _megatron(self) -> bool:
+        return self.tp > 1 or self.pp > 1 or self.recompute == "selective"
 
     def __post_init__(self) -> None:
-        if self.recipe not in RECIPES:
-            raise one_of("recipe", self.recipe, list(RECIPES))
-        if self.optimizer not in OPTIMIZERS:
-            raise one_of("optimizer", self.optimizer, OPTIMIZERS)
-        if self.implementation not in IMPLEMENTATIONS:
-            raise one_of("implementation", self.implementation, IMPLEMENTATIONS)
+        if not isinstance(self.model, ModelSpec):
+            raise InputError(
+                "model", "must be a ModelSpec (see vrammath.load_model)", type(self.model).__name__
+            )
+        check("recipe", self.recipe, RECIPE_NAMES)
+        check("optimizer", self.optimizer, OPTIMIZERS)
+        check("implementation", self.implementation, IMPLEMENTATIONS)
         object.__setattr__(self, "zero", zero_stage(self.zero))
-        for name in ("gpus", "micro_batch", "seq_len", "tp", "pp", "chunks"):
-            positive_int(name, getattr(self, name))
-        if self.attention not in ATTENTION:
-            raise one_of("attention", self.attention, ATTENTION)
-        if self.recompute not in RECOMPUTE:
-            raise one_of("recompute", self.recompute, RECOMPUTE)
+        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(name, "must be true or false", getattr(self, name))
+        check_bounds(self)
+        check("attention", self.attention, ATTENTIONS)
+        check("recompute", self.recompute, RECOMPUTES)
+        check("activation_model", self.activation_model, ACTIVATION_MODELS)
+        check("iteration", self.iteration, ITERATIONS)
+        check("schedule", self.schedule, SCHEDULES)
+        check("device", self.device, DEVICES)
         if self.gpu is not None:
+            if not isinstance(self.gpu, str):
+                raise InputError("gpu", "must be a GPU preset name", self.gpu)
             gpu(self.gpu)  # raises on an unknown name
+        self._check_offload()
+        self._check_parallel()
+        self._check_activations()
+        self._check_lora()
+
+    def _check_offload(self) -> None:
         if self.offload_params and self.zero != 3:
             raise InputError("offload_params", "needs --zero 3", got=self.zero)
         if self.offload_optimizer and self.zero == 0:
             raise InputError("offload_optimizer", "needs --zero 1, 2 or 3", got=self.zero)
+
+    def _check_parallel(self) -> None:
+        spec = self.model
+        if self.tp > spec.heads or spec.heads % self.tp:
+            raise InputError("tp", f"must divide the attention heads ({spec.heads})", self.tp)
+        if spec.kv_heads % self.tp:
+            raise InputError(
+                "tp",
+                f"must divide the KV heads ({spec.kv_heads}) as Megatron splits KV groups",
+                self.tp,
+            )
+        if self.pp > spec.layers:
+            raise InputError("pp", f"must be at most the layers ({spec.layers})", self.pp)
         if self.sp and self.tp == 1:
             raise InputError("sp", "sequence parallelism needs tp > 1", got=self.tp)
-        if self.activation_model not in ACTIVATION_MODELS:
-            raise one_of("activation_model", self.activation_model, ACTIVATION_MODELS)
-        if self.iteration not in ITERATIONS:
-            raise one_of("iteration", self.iteration, ITERATIONS)
-        if self.schedule not in SCHEDULES:
-            raise one_of("schedule", self.schedule, SCHEDULES)
-        positive_int("chunks", self.chunks)
-        if self.device not in DEVICES:
-            raise one_of("device", self.device, DEVICES)
-        megatron = self.tp > 1 or self.pp > 1 or self.recompute == "selective"
-        if self.activation_model == "hf" and megatron:
-            raise InputError(
-                "activation_model",
-                "hf covers Hugging Face runs (tp=1, pp=1, recompute none or full); tensor, "
-                "pipeline and selective recomputation are Megatron's: use korthikanti or auto",
-                got=self.activation_model,
-            )
+        if self.schedule == "interleaved":
+            if self.pp == 1:
+                raise InputError("schedule", "interleaved needs --pp > 1", got=self.schedule)
+            if self.chunks == 1:
+                raise InputError("chunks", "interleaved needs --chunks > 1", got=self.chunks)
+            if self.pp * self.chunks > spec.layers:
+                raise InputError(
+                    "chunks", f"pp x chunks must be at most the layers ({spec.layers})", self.chunks
+                )
+        elif self.chunks != 1:
+            raise InputError("chunks", "is used only by --schedule interleaved", got=self.chunks)
         if (self.tp > 1 or self.pp > 1) and (self.lora_rank is not None or self.zero == 3):
             raise InputError(
                 "tp/pp",
                 "tensor/pipeline parallelism is estimated with ZeRO 0-2 and without LoRA",
                 got=(self.tp, self.pp),
             )
+
+    def _check_activations(self) -> None:
+        if self.activation_model == "hf" and self._megatron:
+            raise InputError(
+                "activation_model",
+                "hf covers Hugging Face runs (tp=1, pp=1, recompute none or full); tensor, "
+                "pipeline and selective recomputation are Megatron's: use korthikanti or auto",
+                got=self.activation_model,
+            )
+        precision = PRECISION_OF[self.recipe]
+        if (
+            self.activation_formula == "hf"
+            and self.model.family == "gpt"
+            and precision.startswith("autocast")
+        ):
+            raise InputError(
+                "recipe",
+                "autocast is not derived for GPT-2's activations; use fp32, fp16-mixed, "
+                "bf16-mixed or bf16-pure",
+                got=self.recipe,
+            )
+
+    def _check_lora(self) -> None:
+        if not isinstance(self.lora_targets, str | tuple | list):
+            raise InputError(
+                "lora_targets",
+                "must be a list of q,k,v,o,gate,up,down or all-linear",
+                self.lora_targets,
+            )
         object.__setattr__(self, "lora_targets", lora_targets(self.lora_targets))
-        if self.lora_rank is not None:
-            positive_int("lora_rank", self.lora_rank)
-            adapted_linears(self.model, self.lora_targets)  # e.g. no gate in a GPT MLP
-            if self.offload_optimizer or self.offload_params:
+        if self.lora_rank is None:
+            if self.lora_targets != DEFAULT_TARGETS:
                 raise InputError(
-                    "offload",
-                    "is not estimated with LoRA (use --zero without offload)",
-                    got="offload",
+                    "lora_targets", "needs --lora-rank", got=",".join(self.lora_targets)
                 )
-        if self.quant is not None:
-            if self.quant not in QUANTS:
-                raise one_of("quant", self.quant, QUANTS)
-            if self.lora_rank is None:
+            if self.lora_dropout:
+                raise InputError("lora_dropout", "needs --lora-rank", got=True)
+            if self.quant is not None:
+                check("quant", self.quant, QUANTS)
                 raise InputError(
                     "quant", "needs --lora-rank (a quantized base is frozen)", got=self.quant
                 )
+            return
+        adapted_linears(self.model, self.lora_targets)  # e.g. no gate in a GPT MLP
+        if self.offload_optimizer or self.offload_params:
+            raise InputError(
+                "offload", "is not estimated with LoRA (use --zero without offload)", got="offload"
+            )
+        if self.quant is not None:
+            check("quant", self.quant, QUANTS)
             if self.zero == 3:
                 raise InputError(
                     "quant", "is not estimated with ZeRO-3 (use --zero 0, 1 or 2)", got=self.zero
                 )
+
+
+def setup_warnings(setup: Setup) -> tuple[str, ...]:
+    """What a setup is allowed to do but should be told: the model's own warnings, and a
+    sequence longer than the model was trained for.
+
+    >>> from vrammath.presets import load_model
+    >>> setup_warnings(Setup(load_model("gpt2"), seq_len=4096))
+    ("seq_len 4096 exceeds the model's max_position_embeddings (1024)",)
+    """
+    out = list(getattr(setup.model, "warnings", ()))
+    limit = setup.model.max_positions
+    if setup.seq_len > limit:
+        out.append(f"seq_len {setup.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    return tuple(out)
 
 
 def with_changes(setup: Setup, **changes: object) -> Setup:
@@ -166,5 +398,6 @@ __all__ = [
     "RECOMPUTE",
     "SCHEDULES",
     "Setup",
+    "setup_warnings",
     "with_changes",
 ]

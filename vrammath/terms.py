@@ -59,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, cast
+from typing import Literal
 
 import sympy
 
@@ -68,8 +68,6 @@ from vrammath.activations import (
     HfRecompute,
     Parallel,
     Precision,
-    Recompute,
-    Schedule,
     activation_exprs,
     korthikanti_first_stage_bytes,
 )
@@ -113,16 +111,15 @@ class Context:
 
     setup: Setup
 
-    # Setup's choices are validated strings; the formulas take their Literal types.
     @property
     def precision(self) -> Precision:
         """The dtype the forward runs in (``vrammath.setup.PRECISION_OF`` of the recipe)."""
-        return cast(Precision, PRECISION_OF[self.setup.recipe])
+        return PRECISION_OF[self.setup.recipe]
 
     @property
     def attention(self) -> Attention:
         """The attention kernel."""
-        return cast(Attention, self.setup.attention)
+        return self.setup.attention
 
     @property
     def hf_recompute(self) -> HfRecompute:
@@ -132,12 +129,12 @@ class Context:
     @property
     def device(self) -> Literal["cuda", "cpu"]:
         """Where the kernels run."""
-        return cast(Literal["cuda", "cpu"], self.setup.device)
+        return self.setup.device
 
     @property
     def iteration(self) -> Iteration:
         """Steady state or the first iteration."""
-        return cast(Iteration, self.setup.iteration)
+        return self.setup.iteration
 
     @property
     def recipe(self) -> Recipe:
@@ -364,8 +361,8 @@ def _activations(ctx: Context) -> sympy.Expr:
     parallel: Parallel = "tp_sp" if s.sp else "tp"
     return korthikanti_first_stage_bytes(
         parallel,
-        cast(Recompute, s.recompute),
-        schedule=cast(Schedule, s.schedule),
+        s.recompute,
+        schedule=s.schedule,
         activation_bytes=4 if ctx.precision == "fp32" else 2,
     )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from vrammath.errors import one_of
+from vrammath.errors import InputError, one_of
 
 GB = 10**9
 GiB = 2**30
@@ -49,14 +49,31 @@ def dtype_bytes(dtype: str) -> int | Fraction:
     return int(value) if value.denominator == 1 else value
 
 
+#: the largest byte count converted to a float (10**300; Python's floats end near 1.8e308)
+MAX_BYTES = 10**300
+
+
+def _finite(n_bytes: float) -> float:
+    # A huge int would raise OverflowError in the division; refuse it by name instead.
+    if isinstance(n_bytes, int) and abs(n_bytes) > MAX_BYTES:
+        raise InputError("bytes", "must be at most 1e300 to convert to GB/GiB", got=n_bytes)
+    return n_bytes
+
+
 def to_gb(n_bytes: float) -> float:
-    """Bytes to GB (1e9 bytes)."""
-    return n_bytes / GB
+    """Bytes to GB (1e9 bytes).
+
+    >>> to_gb(10**310)
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: bytes: must be at most 1e300 to convert to GB/GiB (got an integer of 1030 bits)
+    """
+    return _finite(n_bytes) / GB
 
 
 def to_gib(n_bytes: float) -> float:
     """Bytes to GiB (2**30 bytes)."""
-    return n_bytes / GiB
+    return _finite(n_bytes) / GiB
 
 
 def fmt_gb(n_bytes: float, digits: int = 2) -> str:
@@ -81,6 +98,7 @@ def fmt_bytes(n_bytes: float) -> str:
 __all__ = [
     "DTYPES",
     "GB",
+    "MAX_BYTES",
     "GiB",
     "MiB",
     "dtype_bytes",

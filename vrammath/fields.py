@@ -1,0 +1,121 @@
+"""Field metadata: each field of :class:`~vrammath.setup.Setup` and
+:class:`~vrammath.inference.Serve` is declared once, with its CLI flag, help, allowed values and
+bounds; argparse, ``as_dict`` and validation read them from here.
+
+Examples
+========
+
+>>> from dataclasses import dataclass, field
+>>> @dataclass(frozen=True)
+... class Run:
+...     batch: int = field(default=1, metadata=option("--batch", "sequences", low=1, high=2**24))
+>>> [(o.name, o.flag, o.high) for o in options(Run)]
+[('batch', '--batch', 16777216)]
+>>> check_bounds(Run(batch=2**30))
+Traceback (most recent call last):
+...
+vrammath.errors.InputError: batch: must be an integer from 1 to 16777216 (got 1073741824)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from vrammath.errors import InputError
+
+#: the largest micro-batch, sequence, context or batch accepted (16,777,216)
+MAX_TOKENS = 2**24
+#: the largest GPU count, parallel degree, rank or block accepted (1,048,576)
+MAX_COUNT = 2**20
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one field is shown and read: its CLI flag (None: not on the CLI), help text, allowed
+    values, integer bounds, and how the CLI parses it (``value``, ``switch``, ``zero``,
+    ``targets``, ``fraction``)."""
+
+    name: str
+    flag: str | None
+    help: str
+    choices: tuple[str, ...] = ()
+    low: int | None = None
+    high: int | None = None
+    kind: str = "value"
+    short: str | None = None
+
+    def check_int(self, value: object) -> None:
+        """Refuse a non-integer or one outside ``[low, high]``, naming both bounds."""
+        if self.low is None and self.high is None:
+            return
+        if value is None:
+            return
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or (self.low is not None and value < self.low)
+            or (self.high is not None and value > self.high)
+        ):
+            raise InputError(self.name, f"must be an integer from {self.low} to {self.high}", value)
+
+
+def option(
+    flag: str | None,
+    help: str,
+    *,
+    choices: tuple[str, ...] = (),
+    low: int | None = None,
+    high: int | None = None,
+    kind: str = "value",
+    short: str | None = None,
+) -> dict[str, dict[str, object]]:
+    """The metadata of a declared field: ``field(default=..., metadata=option(...))``."""
+    return {
+        "option": {
+            "flag": flag,
+            "help": help,
+            "choices": choices,
+            "low": low,
+            "high": high,
+            "kind": kind,
+            "short": short,
+        }
+    }
+
+
+def options(cls: Any) -> tuple[Option, ...]:
+    """The :class:`Option` of every declared field of a dataclass, in field order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get("option")
+        if meta is not None:
+            out.append(Option(name=f.name, **meta))
+    return tuple(out)
+
+
+def check_bounds(record: Any) -> None:
+    """Check every integer field of ``record`` against its declared bounds."""
+    for opt in options(type(record)):
+        opt.check_int(getattr(record, opt.name))
+
+
+def field_values(record: Any) -> dict[str, object]:
+    """The declared fields of ``record`` as JSON-ready values (tuples become lists)."""
+    out: dict[str, object] = {}
+    for opt in options(type(record)):
+        value = getattr(record, opt.name)
+        out[opt.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+__all__ = [
+    "MAX_COUNT",
+    "MAX_TOKENS",
+    "Option",
+    "check_bounds",
+    "field_values",
+    "option",
+    "options",
+]
