@@ -135,3 +135,14 @@ def test_committed_document_explains_every_failure() -> None:
             if not comp["pass"]:
                 assert comp["explanation"] != "not yet explained", (row["id"], name)
     assert engines.explain("plain-bf16", "forward_peak") == "not yet explained"
+
+
+def test_deepspeed_zero2_states_and_bucket() -> None:
+    pytest.importorskip("deepspeed")
+    result, meas, est = _run("deepspeed-zero2")
+    assert meas["parameters"] == est["parameters"] == 2 * P + 4 * P // N  # bf16 flat + fp32 shard
+    assert meas["optimizer"] == est["optimizer"] == 8 * P // N
+    # the gradient bucket: reduce_bucket_size = 5e8 elements in bf16, allocated in backward
+    temp = result["steady"]["backward"]["peak"]["Temp"]
+    assert 10**9 <= temp < 10**9 + 2 * P
+    assert abs(meas["forward_peak"] - est["forward_peak"]) < SLACK
