@@ -272,6 +272,7 @@ def _row(engine: str, model: str, batch: int, seq: int, *, quick: bool) -> dict[
 ROWS: list[dict[str, Any]] = [
     *(_row(e, "tiny-llama", 1, 256, quick=True) for e in ENGINES),
     _row("megatron-copy", "llama-7b", 1, 512, quick=False),
+    _row("zero1-zro", "llama-7b", 1, 512, quick=False),
     _row("zero3-fsdp", "llama-7b", 1, 512, quick=False),
 ]
 
