@@ -1,0 +1,479 @@
+"""Run real training engines on rank 0 of a fake process group and count its memory per phase.
+
+:func:`measure_engine` builds a Hugging Face model from its config inside ``FakeTensorMode`` on the CPU, wraps
+it the way a real engine does, runs two training iterations under PyTorch's ``MemTracker`` (or
+``FSDPMemTracker``), and counts rank 0's bytes per phase; the model states (parameters, master
+copies, gradients, optimizer states) are summed from the tensors themselves (local shards, each
+storage once). The engines:
+
+* ``megatron-copy``: bf16 weights and gradients, an fp32 master copy inside the optimizer,
+  following Megatron-LM's ``Float16OptimizerWithFloat16Params``
+  (``megatron/core/optimizer/optimizer.py``): masters are ``param.detach().clone().float()``, the
+  step makes ``main_param.grad = model_param.grad.float()`` and frees the bf16 gradient, runs AdamW
+  on the masters and copies them back into the bf16 weights.
+* ``megatron-main-grad``: the same optimizer with Megatron's fp32 gradient buffer
+  (``megatron/core/distributed/param_and_grad_buffer.py``; ``--bf16`` forces
+  ``accumulate_allreduce_grads_in_fp32``): a persistent fp32 ``main_grad`` per parameter, filled by
+  a post-accumulate-grad hook (``main_grad.add_(grad); grad = None``) and zeroed, not freed.
+* ``zero1-zro``: fp32 model, ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW, foreach).
+* ``zero1-zro-master``: ``megatron-copy`` whose inner optimizer is a ZeroRedundancyOptimizer.
+* ``zero2-fsdp``: FSDP2 ``fully_shard(reshard_after_forward=False)`` with
+  ``MixedPrecisionPolicy(bf16, fp32)`` over fp32 shards.
+* ``zero3-fsdp``: FSDP2, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``.
+* ``offload-fsdp``: ``zero3-fsdp`` with ``CPUOffloadPolicy(pin_memory=False)``.
+* ``deepspeed-zero1/2/3``: DeepSpeed's ZeRO engine on real CPU tensors (:func:`measure_deepspeed`).
+* ``plain-bf16``: a bf16 model and AdamW, the control.
+
+Loop shapes (issue 13, ``--keep-outputs``): ``loop="loss"`` keeps only the loss (Trainer);
+``loop="outputs"`` keeps the model output object as a plain loop does (``out = model(...)``,
+``out.loss.backward()``, ``out`` rebound by the next iteration's forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from vrammath.errors import one_of
+from vrammath.measure.build import as_spec, build_model, real_training_masks
+from vrammath.measure.step import (
+    CATEGORIES,
+    _decoder_layers,
+    _fake_process_group,
+    _lean_tracker,
+    _Phases,
+)
+
+PHASE_NAMES = ("forward", "backward", "step", "zero_grad")
+STATES = ("parameters", "gradients", "optimizer")
+LOOPS = ("loss", "outputs")
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 704,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+}
+"""A 2-layer LLaMA whose every dim-0 divides by 8 (FSDP shards without padding)."""
+
+CONFIGS: dict[str, Any] = {"tiny-llama": TINY_LLAMA}
+
+ENGINES: dict[str, dict[str, Any]] = {
+    "megatron-copy": {"recipe": "bf16-mixed", "zero": 0, "dtype": "bf16"},
+    "megatron-main-grad": {"recipe": "bf16-megatron", "zero": 0, "dtype": "bf16"},
+    "zero1-zro": {"recipe": "fp32", "zero": 1, "dtype": "fp32"},
+    "zero1-zro-master": {"recipe": "bf16-mixed", "zero": 1, "dtype": "bf16"},
+    "zero2-fsdp": {"recipe": "bf16-mixed", "zero": 2, "dtype": "fp32"},
+    "zero3-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32"},
+    "offload-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32", "offload": True},
+    "plain-bf16": {"recipe": "bf16-pure", "zero": 0, "dtype": "bf16"},
+    "deepspeed-zero1": {"recipe": "bf16-mixed", "zero": 1, "dtype": "bf16"},
+    "deepspeed-zero2": {"recipe": "bf16-mixed", "zero": 2, "dtype": "bf16"},
+    "deepspeed-zero3": {"recipe": "bf16-mixed", "zero": 3, "dtype": "bf16"},
+}
+"""Engine -> the vrammath recipe/ZeRO stage it is compared with and the dtype it builds in."""
+
+
+def _storage_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (local shards of DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if isinstance(t, DTensor) else t
+        st = local.untyped_storage()
+        if st._cdata in seen:
+            continue
+        seen.add(st._cdata)
+        total += st.nbytes()
+    return total
+
+
+class Float16MasterOptimizer:
+    """bf16 model, fp32 masters in the optimizer: Megatron's ``Float16OptimizerWithFloat16Params``.
+
+    Explanation
+    ===========
+
+    Follows ``megatron/core/optimizer/optimizer.py`` (``Float16OptimizerWithFloat16Params``,
+    ``_copy_model_grads_to_main_grads``, ``_copy_main_params_to_model_params``) with one rank and
+    no loss scaling (bf16). With ``main_grad=True`` each parameter gets a persistent fp32
+    ``main_grad`` view of one flat buffer, as Megatron's DDP grad buffer
+    (``param_and_grad_buffer.py``) with ``accumulate_allreduce_grads_in_fp32``; the backward hook
+    adds the bf16 gradient into it and frees it. ``make_inner`` builds the optimizer over the
+    masters (AdamW, or a ZeroRedundancyOptimizer for ZeRO-1).
+    """
+
+    def __init__(
+        self, params: list[Any], make_inner: Callable[[list[Any]], Any], *, main_grad: bool
+    ) -> None:
+        import torch
+
+        self.params = [p for p in params if p.requires_grad]
+        self.masters = [
+            torch.nn.Parameter(p.detach().clone().float()) for p in self.params
+        ]  # Megatron: main_param = param.detach().clone().float()
+        self.main_grad = main_grad
+        self.buffer = None
+        if main_grad:
+            numel = sum(p.numel() for p in self.params)
+            self.buffer = torch.zeros(numel, dtype=torch.float32)
+            offset = 0
+            for p in self.params:
+                p.main_grad = self.buffer[offset : offset + p.numel()].view(p.shape)
+                offset += p.numel()
+                p.register_post_accumulate_grad_hook(_accumulate_main_grad)
+        self.inner = make_inner(self.masters)
+
+    def step(self) -> None:
+        for p, m in zip(self.params, self.masters, strict=True):
+            if self.main_grad:
+                m.grad = p.main_grad.float()  # fp32 already: an alias, no copy
+            elif p.grad is not None:
+                m.grad = p.grad.float()
+            p.grad = None  # Megatron: safe to deallocate the model's grad after copying
+        self.inner.step()
+        import torch
+
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters, strict=True):
+                p.copy_(m)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+        for m in self.masters:
+            m.grad = None
+        if self.buffer is not None:
+            self.buffer.zero_()  # Megatron zero_grad_buffer: zeroed, kept
+
+    def state_tensors(self) -> list[Any]:
+        return _optimizer_state_tensors(self.inner)
+
+
+def _accumulate_main_grad(p: Any) -> None:
+    p.main_grad.add_(p.grad)
+    p.grad = None
+
+
+def _optimizer_state_tensors(opt: Any) -> list[Any]:
+    import torch
+
+    local = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
+    return [v for st in local.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+
+
+def _adamw(params: list[Any]) -> Any:
+    import torch
+
+    return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+
+
+def _zro(params: list[Any]) -> Any:
+    import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=True)
+
+
+@contextlib.contextmanager
+def _maybe_group(ranks: int | None) -> Iterator[Any]:
+    if ranks is None:
+        yield None
+    else:
+        with _fake_process_group(ranks) as mesh:
+            yield mesh
+
+
+def _build(engine: str, spec: Any, attention: str, mesh: Any) -> dict[str, Any]:
+    """The model and optimizer of ``engine`` (call inside FakeTensorMode)."""
+    import torch
+
+    cfg = ENGINES[engine]
+    precision = "bf16" if cfg["dtype"] == "bf16" else "fp32"
+    net = build_model(spec, precision=precision, attention=attention)
+    if engine.endswith("fsdp"):
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+
+        kw: dict[str, Any] = {
+            "mesh": mesh,
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            ),
+            "reshard_after_forward": engine != "zero2-fsdp",
+            "offload_policy": CPUOffloadPolicy(pin_memory=False)
+            if cfg.get("offload")
+            else OffloadPolicy(),
+        }
+        for block in _decoder_layers(net):
+            fully_shard(block, **kw)
+        fully_shard(net, **kw)
+    params = list(net.parameters())
+    inner = _zro if engine.startswith("zero1") else _adamw
+    if engine.startswith("megatron") or engine == "zero1-zro-master":
+        opt: Any = Float16MasterOptimizer(params, inner, main_grad=engine == "megatron-main-grad")
+        return {
+            "net": net,
+            "params": params,
+            "opt": opt,
+            "inner": opt.inner,
+            "masters": opt.masters,
+            "main_grads": [] if opt.buffer is None else [opt.buffer],
+        }
+    opt = inner(params)
+    return {
+        "net": net,
+        "params": params,
+        "opt": opt,
+        "inner": opt,
+        "masters": [],
+        "main_grads": [],
+    }
+
+
+def _counted(built: dict[str, Any], *, after_backward: bool) -> dict[str, int]:
+    """Rank 0's model states, summed from the tensors (each storage once, local shards)."""
+    opt_t = _optimizer_state_tensors(built["inner"])
+    out = {
+        "parameters": _storage_bytes(built["params"] + built["masters"]),
+        "optimizer": _storage_bytes(t for t in opt_t if t.dim() > 0),
+        "step_counters": _storage_bytes(t for t in opt_t if t.dim() == 0),
+    }
+    if after_backward:
+        grads = [p.grad for p in built["params"] + built["masters"]] + built["main_grads"]
+        out["gradients"] = _storage_bytes(grads)
+    return out
+
+
+def measure_engine(
+    engine: str,
+    model: Any,
+    *,
+    batch: int = 1,
+    seq: int = 256,
+    attention: str = "sdpa",
+    ranks: int = 8,
+    steps: int = 2,
+    loop: str = "loss",
+) -> dict[str, Any]:
+    """Run ``steps`` iterations of ``engine`` on rank 0 of ``ranks`` and count its memory.
+
+    Returns per iteration the phases' end and peak snapshots (MemTracker categories and
+    ``Total``), and the model states counted from the tensors: ``parameters`` (weights and
+    masters), ``gradients`` (after backward: model gradients and fp32 main gradients),
+    ``optimizer`` (exp_avg and exp_avg_sq), ``step_counters`` (AdamW's scalar ``step``) and, for
+    offload, ``host`` (the shards on the host).
+
+    FSDP rows first run one untracked iteration of the same engine and shapes: the first time
+    DTensor propagates an op's sharding for given shapes, ``FSDPMemTracker`` counts the
+    propagation's full-size fake outputs (34 MB of "OptState" for a 2.5 MB state on the tiny
+    model), so without the warm-up the first step's peak depends on what ran before in the process.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if engine not in ENGINES:
+        raise one_of("engine", engine, list(ENGINES))
+    if loop not in LOOPS:
+        raise one_of("loop", loop, LOOPS)
+    spec = as_spec(model)
+    if engine.startswith("deepspeed"):
+        return measure_deepspeed(
+            int(engine[-1]),
+            spec,
+            batch=batch,
+            seq=seq,
+            attention=attention,
+            ranks=ranks,
+            steps=steps,
+        )
+    fsdp = engine.endswith("fsdp")
+    needs_group = fsdp or engine.startswith("zero1")
+    with (
+        _maybe_group(ranks if needs_group else None) as mesh,
+        real_training_masks(),
+        FakeTensorMode(),
+    ):
+        torch.manual_seed(0)
+        ids = torch.randint(0, spec.vocab, (batch, seq))
+        if fsdp:
+            warm = _build(engine, spec, attention, mesh)
+            warm["net"](input_ids=ids, labels=ids).loss.backward()
+            warm["opt"].step()
+            del warm
+        built = _build(engine, spec, attention, mesh)
+        net, opt = built["net"], built["opt"]
+        if fsdp:
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            tracker = _lean_tracker(FSDPMemTracker)(net, built["inner"])
+        else:
+            tracker = _lean_tracker(MemTracker)()
+            tracker.track_external(net, built["inner"], *built["masters"], *built["main_grads"])
+        phases = _Phases(tracker, cuda=False)
+        iterations = []
+        with tracker:
+            out = None
+            for _ in range(steps):
+                tracker.reset_mod_stats()
+                record: dict[str, Any] = {"start": phases._snapshot("current")}
+                with phases.phase(record, "forward", "Activation"):
+                    if loop == "outputs":  # rebound only once the next forward has returned
+                        out = net(input_ids=ids, labels=ids)
+                        loss = out.loss
+                    else:
+                        loss = net(input_ids=ids, labels=ids).loss
+                with phases.phase(record, "backward", "Temp"):
+                    loss.backward()
+                    del loss
+                record["states"] = _counted(built, after_backward=True)
+                with phases.phase(record, "step", "Temp"):
+                    opt.step()
+                with phases.phase(record, "zero_grad", "Temp"):
+                    opt.zero_grad(set_to_none=True)
+                record["states_after_step"] = _counted(built, after_backward=False)
+                iterations.append(record)
+            del out
+        partition = None
+        if engine.startswith("zero1"):
+            partition = [
+                sum(p.numel() for g in groups for p in g["params"])
+                for groups in built["inner"]._partition_parameters()
+            ]
+    return {
+        "engine": engine,
+        "loop": loop,
+        "iterations": iterations,
+        "first": iterations[0],
+        "steady": iterations[-1],
+        "zro_partition_numel": partition,
+    }
+
+
+class _DevicePhases(_Phases):
+    """Phase snapshots of the CPU device only (MemTracker also counts meta tensors)."""
+
+    def _snapshot(self, kind: str) -> dict[str, int]:
+        snap = self.tracker.get_tracker_snapshot(kind)
+        out = dict.fromkeys(CATEGORIES, 0)
+        out["Total"] = 0
+        for dev, dev_snap in snap.items():
+            if getattr(dev, "type", str(dev)) == "meta":
+                continue
+            for key, value in dev_snap.items():
+                name = str(getattr(key, "value", key))
+                out[name] = out.get(name, 0) + int(value)
+        return out
+
+
+def measure_deepspeed(
+    stage: int,
+    spec: Any,
+    *,
+    batch: int,
+    seq: int,
+    attention: str,
+    ranks: int,
+    steps: int = 2,
+) -> dict[str, Any]:
+    """DeepSpeed's ZeRO engine (bf16, torch AdamW foreach) on rank 0 of a fake process group.
+
+    DeepSpeed's engine moves the model with ``module.to(device)``, which FakeTensorMode refuses
+    ("_apply(): Couldn't swap Embedding.weight"), so this runs on real CPU tensors (small models
+    only) under ``MemTracker``, which counts real tensors the same way; the fake process group
+    makes the collectives no-ops. Needs ``deepspeed`` (its CPU accelerator) and ``LOCAL_RANK``.
+    The model states are summed from DeepSpeed's flat buffers (``bit16_groups_flat`` and
+    ``single_partition_of_fp32_groups`` for stages 1-2, ``fp16_partitioned_groups_flat`` and
+    ``fp32_partitioned_groups_flat`` for stage 3); ``gradients`` is what the backward leaves
+    allocated (total at its end minus total at the iteration's start).
+    """
+    import os
+
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # an optional dependency outside the measure extra: imported by name (no stubs either way)
+    deepspeed: Any = importlib.import_module("deepspeed")
+    ds_comm: Any = importlib.import_module("deepspeed.comm.comm")
+    ds_groups: Any = importlib.import_module("deepspeed.utils.groups")
+
+    # DeepSpeed caches the world group of the first run; each row has a fresh fake group
+    ds_comm.cdb = None
+    for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
+        setattr(ds_groups, name, None)
+    config = {
+        "train_micro_batch_size_per_gpu": batch,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": 1e-4, "torch_adam": True, "foreach": True},
+        },
+    }
+    with _fake_process_group(ranks), real_training_masks():
+        torch.manual_seed(0)
+        net = build_model(spec, precision="bf16", attention=attention)
+        ids = torch.randint(0, spec.vocab, (batch, seq))
+        # The parameters are not registered: DeepSpeed copies them into its flat buffers
+        # (counted as they are made) and drops them. It also keeps a meta-device copy of each
+        # parameter (round_robin_bit16_meta), which MemTracker counts under device "meta":
+        # _DevicePhases counts the CPU only.
+        tracker = _lean_tracker(MemTracker)()
+        tracker.track_external(*net.buffers())
+        phases = _DevicePhases(tracker, cuda=False)
+        iterations = []
+        with tracker:
+            engine, opt, _, _ = deepspeed.initialize(
+                model=net, config=config, dist_init_required=False
+            )
+            flat = [
+                *getattr(opt, "bit16_groups_flat", []),
+                *getattr(opt, "single_partition_of_fp32_groups", []),
+                *getattr(opt, "fp16_partitioned_groups_flat", []),
+                *getattr(opt, "fp32_partitioned_groups_flat", []),
+            ]
+            for _ in range(steps):
+                tracker.reset_mod_stats()
+                record: dict[str, Any] = {"start": phases._snapshot("current")}
+                with phases.phase(record, "forward", "Activation"):
+                    loss = engine(input_ids=ids, labels=ids).loss
+                with phases.phase(record, "backward", "Temp"):
+                    engine.backward(loss)
+                    del loss
+                opt_t = _optimizer_state_tensors(opt.optimizer)
+                record["states"] = {
+                    "parameters": _storage_bytes(flat),
+                    "optimizer": _storage_bytes(t for t in opt_t if t.dim() > 0),
+                    "step_counters": _storage_bytes(t for t in opt_t if t.dim() == 0),
+                    "gradients": record["backward"]["end"]["Total"] - record["start"]["Total"],
+                }
+                with phases.phase(record, "step", "Temp"):
+                    engine.step()  # DeepSpeed's step also zeroes the gradients
+                record["zero_grad"] = {"end": record["step"]["end"], "peak": record["step"]["end"]}
+                record["states_after_step"] = record["states"]
+                iterations.append(record)
+    return {
+        "engine": f"deepspeed-zero{stage}",
+        "loop": "loss",
+        "iterations": iterations,
+        "first": iterations[0],
+        "steady": iterations[-1],
+        "zro_partition_numel": None,
+        "deepspeed": deepspeed.__version__,
+    }
