@@ -17,6 +17,7 @@ import sympy
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.inference import KV_DTYPES, SERVE_WEIGHTS, Serve, serve
+from vrammath.lora import lora_param_count, lora_targets
 from vrammath.parallel import (
     FSDP_STRATEGIES,
     zero_communication_elements,
@@ -24,8 +25,8 @@ from vrammath.parallel import (
     zero_stage,
 )
 from vrammath.params import param_count, param_exprs, param_total_expr
-from vrammath.peft import QUANTS, lora_param_count, lora_targets
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
+from vrammath.quant import QUANTS
 from vrammath.setup import ACTIVATION_MODELS, ATTENTION, ITERATIONS, RECOMPUTE, SCHEDULES, Setup
 from vrammath.solve import DEFAULT_RESERVE_BYTES, budget, fit
 from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES, model_state_exprs

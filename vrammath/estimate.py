@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import sympy
 
 from vrammath.activations import activation_exprs, korthikanti_first_stage_bytes
+from vrammath.lora import lora_terms
 from vrammath.parallel import shard_model_states
 from vrammath.params import layer_param_expr, param_count, rank_param_count
 from vrammath.peak import compose_phases
-from vrammath.peft import lora_terms
 from vrammath.presets import GPU, gpu
 from vrammath.setup import PRECISION_OF, Setup
 from vrammath.states import (

@@ -41,8 +41,8 @@ import sympy
 from vrammath.errors import InputError, one_of, positive_int
 from vrammath.model import ModelSpec
 from vrammath.params import Tensor, param_count, size_values, tensors
-from vrammath.peft import quant_tensor_exprs, quantized_tensors
 from vrammath.presets import GPU, gpu
+from vrammath.quant import quant_tensor_exprs, quantized_tensors
 from vrammath.symbols import B_kv, L, P, T, a_kv, b, blk, d, t, w_win
 from vrammath.units import dtype_bytes, fmt_gb, fmt_gib
 
@@ -219,7 +219,7 @@ def serving_weight_exprs(
     * ``int4``: GPTQ/AWQ layout: packed 4-bit codes, an fp16 scale and a packed 4-bit zero
       point per ``group`` inputs of every output (2.5 bytes per group; GPTQ's optional ``g_idx``,
       4 bytes per input row, is not counted).
-    * ``nf4``: bitsandbytes NF4 with double quantization (see :mod:`vrammath.peft`).
+    * ``nf4``: bitsandbytes NF4 with double quantization (see :mod:`vrammath.quant`).
 
     Embeddings, the LM head and norms stay in 16 bits. With ``tp`` each GPU holds ``1/t`` of every
     sharded matrix, a full copy of the norms (and of row-parallel biases), and

@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vrammath.errors import InputError, one_of, positive_int
+from vrammath.lora import adapted_linears, lora_targets
 from vrammath.model import ModelSpec
 from vrammath.parallel import zero_stage
-from vrammath.peft import QUANTS, adapted_linears, lora_targets
 from vrammath.presets import gpu
+from vrammath.quant import QUANTS
 from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES
 
 ATTENTION = ("sdpa", "eager")

@@ -11,23 +11,20 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import estimate
-from vrammath.model import from_hf_config
-from vrammath.params import param_count, size_values
-from vrammath.peft import (
+from vrammath.lora import (
     LORA_TARGETS,
-    frozen_base_exprs,
     lora_activation_layer_expr,
-    lora_gpt3_claims,
     lora_param_count,
     lora_state_exprs,
     lora_targets,
-    nf4_published_bits_per_param,
-    qlora_65b_claims,
-    quantized_tensors,
 )
+from vrammath.model import from_hf_config
+from vrammath.params import param_count, size_values
 from vrammath.presets import load_model, raw_config
+from vrammath.quant import frozen_base_exprs, nf4_published_bits_per_param, quantized_tensors
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import b, r, s
