@@ -11,30 +11,21 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vrammath.budget import DEFAULT_RESERVE_BYTES, Budget, budget, exact_bytes
 from vrammath.cli import main
 from vrammath.errors import InputError
 from vrammath.estimate import Estimate, estimate
-from vrammath.presets import gpu, load_model
-from vrammath.setup import Setup, with_changes
-from vrammath.solve import (
-    DEFAULT_RESERVE_BYTES,
-    Budget,
-    budget,
-    candidates,
-    cheapest_fit,
-    compiled_cache_info,
-    exact_bytes,
+from vrammath.inverse import (
     fewest_gpus,
-    fit,
     largest,
     largest_micro_batch,
     longest_sequence,
-    plan_cost,
-    ranking,
-    sensitivities,
     smallest,
-    sweep,
 )
+from vrammath.plan import candidates, cheapest_fit, fit, plan_cost
+from vrammath.presets import gpu, load_model
+from vrammath.setup import Setup, with_changes
+from vrammath.sweep import compiled_cache_info, ranking, sensitivities, sweep
 from vrammath.symbols import N_d, P, b, h, s
 
 MODELS = ("gpt2", "llama-7b", "qwen2-7b", "llama-2-70b", "qwen2-72b")

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import sympy
 
+from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.inference import KV_DTYPES, SERVE_WEIGHTS, Serve, serve
@@ -25,10 +26,10 @@ from vrammath.parallel import (
     zero_stage,
 )
 from vrammath.params import param_count, param_exprs, param_total_expr
+from vrammath.plan import fit
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
 from vrammath.quant import QUANTS
 from vrammath.setup import ACTIVATION_MODELS, ATTENTION, ITERATIONS, RECOMPUTE, SCHEDULES, Setup
-from vrammath.solve import DEFAULT_RESERVE_BYTES, budget, fit
 from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES, model_state_exprs
 from vrammath.units import fmt_gb, fmt_gib
 

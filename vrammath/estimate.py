@@ -238,7 +238,7 @@ class Estimate:
             lines.append("not estimated: " + ", ".join(self.unestimated) + " (totals exclude them)")
         lines.append(
             "not counted: CUDA context, cuBLAS/NCCL workspaces, allocator rounding and "
-            "fragmentation (reserve them: vrammath fit --reserve-gib, solve.DEFAULT_RESERVE_BYTES)"
+            "fragmentation (reserve them: vrammath fit --reserve-gib, budget.DEFAULT_RESERVE_BYTES)"
         )
         return "\n".join(lines)
 
