@@ -49,12 +49,21 @@ A generic expression works too -- here a made-up activation term in ``b``:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import sympy
 
-from vrammath.budget import Budget, branches, gpu_terms, setup_budget
+from vrammath.budget import (
+    Budget,
+    branches,
+    exact_bytes,
+    expr_terms,
+    gpu_terms,
+    setup_budget,
+    symbol_named,
+    symbol_values,
+)
 from vrammath.errors import InputError, positive_int
 from vrammath.estimate import Estimate
 from vrammath.symbols import N_d, b, s
@@ -67,12 +76,6 @@ Status = Literal["ok", "none-fits", "unbounded"]
 Method = Literal["closed-form", "search", "constant"]
 
 
-def _as_terms(expr: sympy.Expr | Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
-    if isinstance(expr, sympy.Basic):
-        return (sympy.sympify(expr),)
-    return tuple(sympy.sympify(e) for e in expr)
-
-
 @dataclass(frozen=True)
 class Solution:
     """The answer to one inverse problem, with the evidence that verifies it.
@@ -82,6 +85,10 @@ class Solution:
     ``neighbour`` is the next value in the direction that stops fitting (``value + step`` for a
     largest answer, ``value - step`` for a smallest one) and ``neighbour_bytes`` its memory, which
     exceeds ``limit`` -- the back-substitution every answer passes.
+
+    When offloaded states live on the host, ``host_bytes`` is the host memory one node needs at
+    ``value`` (``neighbour_host_bytes`` at the neighbour) against ``host_limit`` per node; the
+    answer must fit both, and its neighbour must miss one of them.
     """
 
     question: str
@@ -94,17 +101,43 @@ class Solution:
     neighbour: int | None
     neighbour_bytes: int | None
     expr: sympy.Expr
+    host_limit: int | None = None
+    host_bytes: int | None = None
+    neighbour_host_bytes: int | None = None
+
+    def _host_over(self, need: int | None) -> bool:
+        return self.host_limit is not None and need is not None and need > self.host_limit
 
     @property
     def verified(self) -> bool:
-        """True when the answer fits and its neighbour does not (or no neighbour exists)."""
+        """True when the answer fits (GPU and host) and its neighbour does not (or none exists)."""
         if self.status != "ok" or self.value is None or self.bytes is None:
             return False
-        if self.bytes > self.limit:
+        if self.bytes > self.limit or self._host_over(self.host_bytes):
             return False
-        return self.neighbour is None or (
-            self.neighbour_bytes is not None and self.neighbour_bytes > self.limit
-        )
+        if self.neighbour is None:
+            return True
+        gpu_over = self.neighbour_bytes is not None and self.neighbour_bytes > self.limit
+        return gpu_over or self._host_over(self.neighbour_host_bytes)
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready form: integers for values and bytes, the expression as text."""
+        return {
+            "question": self.question,
+            "unknown": str(self.unknown),
+            "status": self.status,
+            "value": self.value,
+            "method": self.method,
+            "limit_bytes": self.limit,
+            "bytes": self.bytes,
+            "neighbour": self.neighbour,
+            "neighbour_bytes": self.neighbour_bytes,
+            "host_limit_bytes": self.host_limit,
+            "host_bytes": self.host_bytes,
+            "neighbour_host_bytes": self.neighbour_host_bytes,
+            "verified": self.verified,
+            "expr": str(self.expr),
+        }
 
     def __str__(self) -> str:
         if self.status == "unbounded":
@@ -113,14 +146,26 @@ class Solution:
                 f"{self.unknown}"
             )
         if self.status == "none-fits":
+            if self.host_limit is not None and self._host_over(self.host_bytes):
+                assert self.host_bytes is not None
+                return (
+                    f"{self.question}: none fits (the host needs {fmt_bytes(self.host_bytes)} "
+                    f"per node, {fmt_bytes(self.host_limit)} installed)"
+                )
             return f"{self.question}: none fits ({fmt_bytes(self.limit)} usable)"
         assert self.bytes is not None
         text = (
             f"{self.question}: {self.unknown} = {self.value} "
             f"({fmt_bytes(self.bytes)} of {fmt_bytes(self.limit)} usable"
         )
+        if self.host_bytes:
+            of = "" if self.host_limit is None else f" of {fmt_bytes(self.host_limit)}"
+            text += f"; host {fmt_bytes(self.host_bytes)}{of} per node"
         if self.neighbour is not None and self.neighbour_bytes is not None:
             text += f"; {self.neighbour} needs {fmt_bytes(self.neighbour_bytes)}"
+            if self._host_over(self.neighbour_host_bytes):
+                assert self.neighbour_host_bytes is not None
+                text += f" and {fmt_bytes(self.neighbour_host_bytes)} of host"
         return text + f") [{self.method}]"
 
 
@@ -226,8 +271,8 @@ _ADJUST = 3  # steps a closed-form candidate may move to absorb per-component ro
 
 def largest(
     expr: sympy.Expr | Sequence[sympy.Expr],
-    values: Mapping[sympy.Symbol, int],
-    unknown: sympy.Symbol,
+    values: Mapping[sympy.Symbol | str, int],
+    unknown: sympy.Symbol | str,
     limit: int,
     *,
     multiple_of: int = 1,
@@ -237,7 +282,8 @@ def largest(
 
     ``expr`` is one expression or a sequence of terms (each rounded up to a whole byte, as
     :func:`~vrammath.estimate.estimate` rounds components); ``values`` gives every other symbol.
-    Memory must not decrease as ``unknown`` grows.
+    Memory must not decrease as ``unknown`` grows. Symbols may be named by their names in
+    :mod:`vrammath.symbols` (looked up, never parsed).
 
     >>> from vrammath.symbols import b, s, h
     >>> sol = largest(2 * b * s * h + 5 * b * s**2, {b: 1, h: 4096}, s, 10**9)
@@ -245,7 +291,11 @@ def largest(
     (13346, 'closed-form', True)
     """
     positive_int("multiple_of", multiple_of)
-    terms = _as_terms(expr)
+    terms = expr_terms("expr", expr)
+    unknown = symbol_named("unknown", unknown)
+    values = symbol_values("values", values)
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InputError("limit", "must be an integer number of bytes", got=limit)
     prob = _Problem(terms, values, unknown, multiple_of)
     name = question or f"largest {unknown}"
 
@@ -279,8 +329,8 @@ def largest(
 
 def smallest(
     expr: sympy.Expr | Sequence[sympy.Expr],
-    values: Mapping[sympy.Symbol, int],
-    unknown: sympy.Symbol,
+    values: Mapping[sympy.Symbol | str, int],
+    unknown: sympy.Symbol | str,
     limit: int,
     *,
     multiple_of: int = 1,
@@ -297,7 +347,11 @@ def smallest(
     (4, 3, 'closed-form')
     """
     positive_int("multiple_of", multiple_of)
-    terms = _as_terms(expr)
+    terms = expr_terms("expr", expr)
+    unknown = symbol_named("unknown", unknown)
+    values = symbol_values("values", values)
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InputError("limit", "must be an integer number of bytes", got=limit)
     prob = _Problem(terms, values, unknown, multiple_of)
     name = question or f"smallest {unknown}"
 
@@ -332,39 +386,141 @@ def smallest(
     return done(hi, "search")
 
 
+def _checked(est: object, budget: Budget | None) -> tuple[Estimate, Budget]:
+    if not isinstance(est, Estimate):
+        raise InputError("est", "must be an Estimate (vrammath.estimate(setup))", got=est)
+    return est, setup_budget(est.setup, budget)
+
+
+def _host_need(est: Estimate, bud: Budget, unknown: sympy.Symbol, n: int) -> int:
+    """Host bytes per node with ``unknown = n``: offloaded bytes per rank x ranks per node."""
+    cpu = [c.expr for c in est.components if c.device == "cpu" and c.expr is not None]
+    per_rank = exact_bytes(cpu, {**est.values, unknown: n})
+    gpus = n if unknown == N_d else est.setup.gpus
+    return per_rank * min(gpus * est.setup.tp * est.setup.pp, bud.gpus_per_node)
+
+
+def _with_host(sol: Solution, est: Estimate, bud: Budget, step: int, *, grows: bool) -> Solution:
+    """``sol`` with the host side checked: the answer must also fit the node's system memory.
+
+    The host holds only offloaded states, which do not grow with ``b`` or ``s`` and shrink with
+    ``N_d`` (``grows`` False): where the host is what binds, an exact search over multiples of
+    ``step`` moves the answer until both sides fit.
+    """
+    if not any(c.device == "cpu" and c.expr is not None for c in est.components):
+        return sol
+    unknown, limit = sol.unknown, bud.host_bytes
+    at = sol.value if sol.value is not None else est.values[unknown]
+
+    def need(n: int | None) -> int | None:
+        return None if n is None else _host_need(est, bud, unknown, n)
+
+    host_at = need(at)
+    if limit is None or sol.status == "none-fits" or (host_at is not None and host_at <= limit):
+        return replace(
+            sol, host_limit=limit, host_bytes=host_at, neighbour_host_bytes=need(sol.neighbour)
+        )
+    terms = gpu_terms(est)
+
+    def gpu_at(n: int) -> int:
+        return exact_bytes(terms, {**est.values, unknown: n})
+
+    def both(k: int) -> bool:
+        host = need(k * step)
+        return host is not None and host <= limit and gpu_at(k * step) <= sol.limit
+
+    def answer(k: int | None, neighbour_k: int | None) -> Solution:
+        value = None if k is None else k * step
+        neighbour = None if neighbour_k is None else neighbour_k * step
+        return replace(
+            sol,
+            status="none-fits" if k is None else "ok",
+            value=value,
+            method="search",
+            bytes=None if value is None else gpu_at(value),
+            neighbour=neighbour,
+            neighbour_bytes=None if neighbour is None else gpu_at(neighbour),
+            host_limit=limit,
+            host_bytes=need(value if value is not None else step),
+            neighbour_host_bytes=need(neighbour),
+        )
+
+    if grows:  # largest b or s: the host binds from below, search down from the GPU answer
+        if not both(1):
+            return answer(None, None)
+        lo, hi = 1, max(2, at // step)  # both(lo) holds, both(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if both(mid) else (lo, mid)
+        return answer(lo, lo + 1)
+    lo, hi = max(1, at // step), max(2, 2 * (at // step))  # fewest N_d: search up
+    while not both(hi):
+        lo, hi = hi, hi * 2
+        if hi * step > SEARCH_CAP:
+            return answer(None, None)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if both(mid) else (mid, hi)
+    return answer(hi, hi - 1)
+
+
 def largest_micro_batch(
     est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1
 ) -> Solution:
     """The largest micro-batch ``b`` whose estimated GPU total fits ``budget``.
 
-    ``budget`` defaults to the setup's GPU with :data:`DEFAULT_RESERVE_BYTES` reserved. While no
-    estimated component depends on ``b`` the answer is ``unbounded``; see ``est.unestimated``.
+    ``budget`` defaults to the setup's GPU with :data:`~vrammath.budget.DEFAULT_RESERVE_BYTES`
+    reserved. While no estimated component depends on ``b`` the answer is ``unbounded``; see
+    ``est.unestimated``. With offload, the node's host memory must hold the offloaded states.
     """
-    lim = setup_budget(est.setup, budget).usable
-    return largest(
-        gpu_terms(est), est.values, b, lim, multiple_of=multiple_of, question="largest micro-batch"
+    est, bud = _checked(est, budget)
+    sol = largest(
+        gpu_terms(est),
+        est.values,
+        b,
+        bud.usable,
+        multiple_of=multiple_of,
+        question="largest micro-batch",
     )
+    return _with_host(sol, est, bud, multiple_of, grows=True)
 
 
 def longest_sequence(
     est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1
 ) -> Solution:
     """The longest sequence ``s`` (a multiple of ``multiple_of``) that fits ``budget``."""
-    lim = setup_budget(est.setup, budget).usable
-    return largest(
-        gpu_terms(est), est.values, s, lim, multiple_of=multiple_of, question="longest sequence"
+    est, bud = _checked(est, budget)
+    sol = largest(
+        gpu_terms(est),
+        est.values,
+        s,
+        bud.usable,
+        multiple_of=multiple_of,
+        question="longest sequence",
     )
+    return _with_host(sol, est, bud, multiple_of, grows=True)
 
 
 def fewest_gpus(est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1) -> Solution:
     """The fewest data-parallel GPUs ``N_d`` (a multiple of ``multiple_of``) that fit ``budget``.
 
-    With ZeRO-0 nothing is sharded: the answer is 1 or nothing fits.
+    With ZeRO-0 nothing is sharded: the answer is 1 or nothing fits. With offload, the host side
+    (offloaded bytes per rank x ranks per node) must fit the node's memory too.
+
+    >>> from vrammath.estimate import estimate
+    >>> from vrammath.setup import Setup
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.budget import budget
+    >>> setup = Setup(load_model("llama-2-70b"), zero=3, gpus=8, offload_optimizer=True)
+    >>> sol = fewest_gpus(estimate(setup), budget("A100-80GB", host_bytes=512 * 2**30))
+    >>> sol.verified, sol.host_bytes <= 512 * 2**30 < sol.neighbour_host_bytes
+    (True, True)
     """
-    lim = setup_budget(est.setup, budget).usable
-    return smallest(
-        gpu_terms(est), est.values, N_d, lim, multiple_of=multiple_of, question="fewest GPUs"
+    est, bud = _checked(est, budget)
+    sol = smallest(
+        gpu_terms(est), est.values, N_d, bud.usable, multiple_of=multiple_of, question="fewest GPUs"
     )
+    return _with_host(sol, est, bud, multiple_of, grows=False)
 
 
 __all__ = [
