@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import sympy
 
-from vrammath.budget import active_branch, branches, exact_bytes, gpu_terms
+from vrammath.budget import active_branch, branches, exact_bytes, gpu_terms, symbol_named
 from vrammath.errors import InputError
 from vrammath.estimate import Estimate
-from vrammath.symbols import N_d, b, by_name, p, s, t
+from vrammath.symbols import N_d, b, p, s, t
 
 if TYPE_CHECKING:
     import numpy as np
@@ -93,7 +93,8 @@ def sensitivities(
     >>> opt.derivative, opt.elasticity
     (-8*P/N_d**2, -1.0)
     """
-    syms = [by_name(k) if isinstance(k, str) else k for k in knobs]
+    est = _estimate(est)
+    syms = _knobs(est, knobs)
     rows = [(c.key, c.expr) for c in est.components if c.device == "gpu" and c.expr is not None]
     rows.append(("total", est.gpu_expr()))
     out = []
@@ -193,6 +194,48 @@ def compiled_cache_info() -> Any:
     return _compiled.cache_info()
 
 
+SWEEP_MAX = 2**53
+"""Bound on swept values and totals: float64 holds every integer below it exactly."""
+
+
+def _estimate(est: object) -> Estimate:
+    if not isinstance(est, Estimate):
+        raise InputError("est", "must be an Estimate (vrammath.estimate(setup))", got=est)
+    return est
+
+
+def _knobs(est: Estimate, knobs: object) -> list[sympy.Symbol]:
+    """The knobs as symbols of the estimate (names are looked up, never parsed)."""
+    items = [knobs] if isinstance(knobs, str | sympy.Symbol) else knobs
+    if not isinstance(items, list | tuple):
+        raise InputError("knobs", "must be a sequence of symbols or symbol names", got=knobs)
+    allowed = sorted(est.values, key=str)
+    return [symbol_named("knobs", k, allowed) for k in items]
+
+
+def _axis(name: str, values: object) -> Any:
+    """One axis as a float64 array of whole numbers >= 1 (>= 0 for a byte width) below 2**53."""
+    import numpy as np
+
+    arr = np.asarray(values)
+    field = f"axes[{name}]"
+    if arr.dtype.kind not in "iuf":
+        raise InputError(field, "must be numbers", got=str(arr.dtype))
+    arr = arr.astype(np.float64)
+    least = 0 if name.startswith("B_") else 1
+    if arr.size and not (
+        np.isfinite(arr).all()
+        and (arr == np.floor(arr)).all()
+        and arr.min() >= least
+        and arr.max() < SWEEP_MAX
+    ):
+        bad = arr[~(np.isfinite(arr) & (arr == np.floor(arr)) & (arr >= least) & (arr < SWEEP_MAX))]
+        raise InputError(
+            field, f"must be whole numbers from {least} to below 2**53", got=float(bad.flat[0])
+        )
+    return arr
+
+
 def sweep(
     est: Estimate,
     axes: Mapping[sympy.Symbol | str, npt.ArrayLike],
@@ -216,22 +259,26 @@ def sweep(
     """
     import numpy as np
 
+    est = _estimate(est)
     terms = gpu_terms(est)
-    swept = {by_name(k) if isinstance(k, str) else k: v for k, v in axes.items()}
-    unknown = [sym for sym in swept if sym not in est.values]
-    if unknown:
-        raise InputError("axes", "must name symbols of the estimate", got=[str(x) for x in unknown])
+    if not isinstance(axes, Mapping):
+        raise InputError("axes", "must map symbols of the estimate to arrays", got=axes)
+    allowed = sorted(est.values, key=str)
+    swept = {symbol_named("axes", k, allowed): _axis(str(k), v) for k, v in axes.items()}
     args = tuple(sorted(set().union(*(term.free_symbols for term in terms)), key=str))
     func = _compiled(terms, args)
-    arrays = {sym: np.asarray(v, dtype=np.float64) for sym, v in swept.items()}
+    arrays = swept
     shape = np.broadcast_shapes(*(arr.shape for arr in arrays.values())) if arrays else ()
     params = [arrays.get(sym, float(est.values[sym])) for sym in args]
     out = np.broadcast_to(np.asarray(func(*params), dtype=np.float64), shape)
+    if out.size and not (np.isfinite(out).all() and out.max() < SWEEP_MAX):
+        raise InputError("axes", "give totals of 2**53 bytes or more, beyond float64's exact range")
     return out.astype(np.int64)
 
 
 __all__ = [
     "KNOBS",
+    "SWEEP_MAX",
     "Sensitivity",
     "compiled_cache_info",
     "ranking",
