@@ -17,6 +17,7 @@ import sympy
 from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
+from vrammath.fit import fit
 from vrammath.inference import KV_DTYPES, SERVE_WEIGHTS, Serve, serve
 from vrammath.lora import lora_param_count, lora_targets
 from vrammath.parallel import (
@@ -26,7 +27,6 @@ from vrammath.parallel import (
     zero_stage,
 )
 from vrammath.params import param_count, param_exprs, param_total_expr
-from vrammath.plan import fit
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
 from vrammath.quant import QUANTS
 from vrammath.setup import ACTIVATION_MODELS, ATTENTION, ITERATIONS, RECOMPUTE, SCHEDULES, Setup

@@ -1,9 +1,9 @@
-"""The cheapest plan: which ZeRO stage, CPU offload and recomputation to use, and every answer.
+"""The cheapest plan: which ZeRO stage, CPU offload and recomputation to use.
 
 Candidates over ZeRO stage, offload and recomputation (:func:`candidates`) are ranked by a
 relative step-time cost (:func:`plan_cost`: ZeRO's extra communication, recomputation's extra
 FLOPs, offload weights); :func:`cheapest_fit` returns the first that fits, so every cheaper one is
-shown not to fit. :func:`fit` gathers the plan and the inverse answers for one setup.
+shown not to fit. :func:`vrammath.fit.fit` states it beside the answers for the setup as given.
 
 Examples
 ========
@@ -27,13 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import sympy
 
-from vrammath.budget import Budget, setup_budget
+from vrammath.budget import Budget, HostCheck, host_check, setup_budget
 from vrammath.errors import InputError
 from vrammath.estimate import Estimate, estimate
-from vrammath.inverse import Solution, fewest_gpus, largest_micro_batch, longest_sequence
 from vrammath.parallel import STAGES, zero_communication_elements
 from vrammath.params import layer_param_count
 from vrammath.setup import RECOMPUTE, Setup, with_changes
@@ -100,25 +100,42 @@ def plan_label(setup: Setup) -> str:
 
 @dataclass(frozen=True)
 class Tried:
-    """One candidate :func:`cheapest_fit` evaluated: its name, cost, GPU bytes and verdict."""
+    """One candidate :func:`cheapest_fit` evaluated: its name, cost, GPU bytes, host bytes per
+    node (0 without offload) and verdict (``fits``: the GPU and, where known, the host)."""
 
     label: str
     cost: Fraction
     bytes: int
     fits: bool
+    host_bytes: int = 0
+    host_fits: bool | None = True
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready form (the cost as a fraction string and a float)."""
+        return {
+            "label": self.label,
+            "cost": str(self.cost),
+            "cost_float": float(self.cost),
+            "bytes": self.bytes,
+            "host_bytes": self.host_bytes,
+            "host_fits": self.host_fits,
+            "fits": self.fits,
+        }
 
 
 @dataclass(frozen=True)
 class Plan:
     """The cheapest fitting combination (``setup`` None when none fits) and what was tried.
 
-    Every candidate in ``tried`` before the chosen one is cheaper and does not fit.
+    Every candidate in ``tried`` before the chosen one is cheaper and does not fit (on the GPU,
+    or on the host for an offloading one). ``host`` is the chosen plan's host side.
     """
 
     setup: Setup | None
     estimate: Estimate | None
     limit: int
     tried: tuple[Tried, ...]
+    host: HostCheck | None = None
 
     @property
     def label(self) -> str:
@@ -128,14 +145,48 @@ class Plan:
     def __str__(self) -> str:
         if self.setup is None or self.estimate is None:
             return (
-                f"which stage: nothing fits ({len(self.tried)} combinations tried, "
+                f"recommended: nothing fits ({len(self.tried)} combinations tried, "
                 f"{fmt_bytes(self.limit)} usable)"
             )
+        host = "" if self.host is None or not self.host.per_rank else f"; {self.host}"
         return (
-            f"which stage: {self.label} on {self.setup.gpus} GPU(s) "
-            f"({fmt_bytes(self.estimate.gpu_bytes)} of {fmt_bytes(self.limit)} usable; "
+            f"recommended: {self.label} on {self.setup.gpus} GPU(s) "
+            f"({fmt_bytes(self.estimate.gpu_bytes)} of {fmt_bytes(self.limit)} usable{host}; "
             f"{len(self.tried) - 1} cheaper combination(s) do not fit)"
         )
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready form: the chosen options, their bytes, the host side and every try."""
+        chosen = self.setup
+        return {
+            "label": self.label,
+            "zero": None if chosen is None else chosen.zero,
+            "offload_optimizer": None if chosen is None else chosen.offload_optimizer,
+            "offload_params": None if chosen is None else chosen.offload_params,
+            "recompute": None if chosen is None else chosen.recompute,
+            "gpus": None if chosen is None else chosen.gpus,
+            "gpu_bytes": None if self.estimate is None else self.estimate.gpu_bytes,
+            "limit_bytes": self.limit,
+            "host": None if self.host is None else self.host.as_dict(),
+            "tried": [t.as_dict() for t in self.tried],
+        }
+
+
+def checked_setup(setup: object) -> Setup:
+    """``setup`` if it is a :class:`~vrammath.setup.Setup`, else an :class:`InputError`."""
+    if not isinstance(setup, Setup):
+        raise InputError("setup", "must be a vrammath.Setup", got=type(setup).__name__)
+    return setup
+
+
+def _options(field: str, given: Iterable[object], allowed: Iterable[object]) -> list[Any]:
+    pool = list(allowed)
+    items = list(given) if isinstance(given, Iterable) and not isinstance(given, str) else None
+    if not items or any(isinstance(x, bool) or x not in pool for x in items):
+        raise InputError(
+            field, "must be a non-empty selection of " + ", ".join(map(str, pool)), got=given
+        )
+    return items
 
 
 def candidates(
@@ -150,15 +201,26 @@ def candidates(
     Ties in :func:`plan_cost` go to the lower stage, then to fewer offloads. Selective
     recomputation is Megatron's: it is tried only where the setup uses Korthikanti's formulas
     (Hugging Face models offer none or full); combinations a setup refuses are skipped.
+
+    >>> from vrammath.presets import load_model
+    >>> candidates(Setup(load_model("gpt2")), stages=[7])
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: stages: must be a non-empty selection of 0, 1, 2, 3 (got [7])
     """
+    setup = checked_setup(setup)
+    stage_list = _options("stages", stages, STAGES)
+    policies = _options("recompute", recompute, RECOMPUTE)
+    if not isinstance(offload, bool):
+        raise InputError("offload", "must be True or False", got=offload)
     hf_run = setup.activation_model != "korthikanti" and setup.tp == 1 and setup.pp == 1
     out = []
     offloads = [(False, False), (True, False), (True, True)] if offload else [(False, False)]
-    for stage in stages:
+    for stage in stage_list:
         for opt, par in offloads:
             if (opt and stage == 0) or (par and stage != 3):
                 continue
-            for policy in recompute:
+            for policy in policies:
                 if policy == "selective" and hf_run:
                     continue
                 try:
@@ -188,8 +250,14 @@ def cheapest_fit(
 
     Candidates (:func:`candidates`) are estimated in order of ``cost`` (default
     :func:`plan_cost`); the first that fits is the plan, so every cheaper one is shown not to fit.
+    An offloading candidate fits only if the node's host memory holds what its ranks offload
+    (:func:`~vrammath.budget.host_check`).
     """
-    lim = setup_budget(setup, budget).usable
+    setup = checked_setup(setup)
+    bud = setup_budget(setup, budget)
+    if cost is not None and not callable(cost):
+        raise InputError("cost", "must be a function of a Setup, or None", got=cost)
+    lim = bud.usable
     pool = candidates(setup, stages=stages, offload=offload, recompute=recompute)
     if cost is not None:
         pool = sorted(pool, key=cost)
@@ -197,79 +265,22 @@ def cheapest_fit(
     tried: list[Tried] = []
     for cand in pool:
         est = estimate(cand)
-        ok = est.gpu_bytes <= lim
-        tried.append(Tried(plan_label(cand), rank(cand), est.gpu_bytes, ok))
+        host = host_check(est, bud)
+        ok = est.gpu_bytes <= lim and host.fits is not False
+        tried.append(Tried(plan_label(cand), rank(cand), est.gpu_bytes, ok, host.need, host.fits))
         if ok:
-            return Plan(cand, est, lim, tuple(tried))
+            return Plan(cand, est, lim, tuple(tried), host)
     return Plan(None, None, lim, tuple(tried))
-
-
-# --- all answers at once (the CLI's ``fit``) ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Every answer for one setup on one GPU: the cheapest plan at the setup's GPU count, then --
-    on that plan, or on the setup as given when nothing fits -- the largest micro-batch, the
-    longest sequence and the fewest data-parallel GPUs."""
-
-    setup: Setup
-    budget: Budget
-    plan: Plan
-    basis: Estimate
-    batch: Solution
-    sequence: Solution
-    gpus: Solution
-
-    def lines(self) -> list[str]:
-        """One line per answer, then the breakdown of the plan they were solved on."""
-        missing = self.basis.unestimated
-        caveat = f" (not estimated: {', '.join(missing)})" if missing else ""
-        basis = self.basis.setup
-        return [
-            f"{basis.model.name} on {self.budget.describe()}",
-            str(self.plan),
-            str(self.batch) + (caveat if self.batch.status == "unbounded" else ""),
-            str(self.sequence) + (caveat if self.sequence.status == "unbounded" else ""),
-            f"{self.gpus} with {plan_label(basis)}",
-            f"breakdown ({plan_label(basis)}, {basis.gpus} GPU(s), micro-batch "
-            f"{basis.micro_batch} x {basis.seq_len} tokens):",
-            self.basis.table(),
-        ]
-
-
-def fit(setup: Setup, budget: Budget | None = None) -> Fit:
-    """All of :func:`cheapest_fit`, :func:`largest_micro_batch`, :func:`longest_sequence` and
-    :func:`fewest_gpus` for ``setup`` on ``budget`` (default: the setup's GPU).
-
-    >>> from vrammath.presets import load_model
-    >>> answer = fit(Setup(load_model("llama-7b"), gpus=8, gpu="A100-80GB"))
-    >>> answer.plan.label in ("ZeRO-1", "ZeRO-2", "ZeRO-3"), answer.gpus.verified
-    (True, True)
-    """
-    bud = setup_budget(setup, budget)
-    plan = cheapest_fit(setup, bud)
-    basis = plan.estimate if plan.estimate is not None else estimate(setup)
-    return Fit(
-        setup=setup,
-        budget=bud,
-        plan=plan,
-        basis=basis,
-        batch=largest_micro_batch(basis, bud),
-        sequence=longest_sequence(basis, bud),
-        gpus=fewest_gpus(basis, bud),
-    )
 
 
 __all__ = [
     "OFFLOAD_OPTIMIZER_COST",
     "OFFLOAD_PARAMS_COST",
-    "Fit",
     "Plan",
     "Tried",
     "candidates",
     "cheapest_fit",
-    "fit",
+    "checked_setup",
     "plan_cost",
     "plan_label",
     "recompute_cost",
