@@ -159,7 +159,8 @@ class Budget:
         if self.usable <= 0:
             raise InputError(
                 "reserve_bytes",
-                f"with headroom leaves nothing of the GPU's {self.capacity} bytes",
+                f"must leave part of the GPU's {self.capacity} bytes after "
+                f"{self.headroom:.0%} headroom",
                 got=self.reserve_bytes,
             )
         if self.host_bytes is not None and (
