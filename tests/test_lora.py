@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import sympy
@@ -323,3 +324,11 @@ def test_cli_lora_bad_input(
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert f"{field}: " in err
+
+
+@pytest.mark.parametrize("value", [None, 7, ["q", 7], {"q"}])
+def test_lora_targets_refuse_non_text(value: object) -> None:
+    with pytest.raises(
+        InputError, match=r"lora_targets: must be text or a list of names from q, k"
+    ):
+        lora_targets(cast(Any, value))

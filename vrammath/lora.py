@@ -88,9 +88,17 @@ def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
     Traceback (most recent call last):
     ...
     vrammath.errors.InputError: lora_targets: must be one of q, k, v, o, gate, up, down, all-linear, attention, mlp (got 'x')
+    >>> lora_targets(None)
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: lora_targets: must be text or a list of names from q, k, v, o, gate, up, down, all-linear, attention, mlp (got None)
     """
     allowed = (*LORA_TARGETS, *TARGET_GROUPS)
-    items = [value] if isinstance(value, str) else list(value)
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
+        raise InputError(
+            "lora_targets", "must be text or a list of names from " + ", ".join(allowed), got=value
+        )
     names: list[str] = []
     for item in items:
         for raw in str(item).split(","):
