@@ -23,9 +23,7 @@ from vrammath.presets import gpu, load_gpus, load_model
 from vrammath.setup import Setup
 from vrammath.symbols import P
 
-TEXT: Any = (
-    "A100-80GB"  # text where an object belongs on purpose: the API must refuse it with InputError
-)
+TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 NOT_A_NAME: Any = None
 
 

@@ -18,9 +18,7 @@ from vrammath.fit import fit
 from vrammath.presets import load_model
 from vrammath.setup import Setup, with_changes
 
-TEXT: Any = (
-    "A100-80GB"  # text where an object belongs on purpose: the API must refuse it with InputError
-)
+TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 
 
 def test_cli_fit(capsys: pytest.CaptureFixture[str]) -> None:

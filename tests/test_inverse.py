@@ -18,13 +18,8 @@ from vrammath.budget import (
 )
 from vrammath.errors import InputError
 from vrammath.estimate import Estimate, estimate
-from vrammath.inverse import (
-    fewest_gpus,
-    largest,
-    largest_micro_batch,
-    longest_sequence,
-    smallest,
-)
+from vrammath.fit import fewest_gpus, largest_micro_batch, longest_sequence
+from vrammath.inverse import largest, smallest
 from vrammath.presets import load_model
 from vrammath.setup import Setup, with_changes
 from vrammath.symbols import N_d, P, b, h, s
@@ -32,9 +27,7 @@ from vrammath.symbols import N_d, P, b, h, s
 MODELS = ("gpt2", "llama-7b", "qwen2-7b", "llama-2-70b", "qwen2-72b")
 GPUS = ("RTX-4090-24GB", "A100-40GB", "A100-80GB", "H200-141GB")
 
-TEXT: Any = (
-    "A100-80GB"  # text where an object belongs on purpose: the API must refuse it with InputError
-)
+TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 
 
 def fits(est: Estimate, values: dict[sympy.Symbol, int], limit: int) -> bool:

@@ -16,9 +16,7 @@ from vrammath.plan import candidates, cheapest_fit, plan_cost
 from vrammath.presets import load_model
 from vrammath.setup import Setup
 
-TEXT: Any = (
-    "A100-80GB"  # text where an object belongs on purpose: the API must refuse it with InputError
-)
+TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 
 
 @pytest.mark.parametrize("model", ["llama-7b", "llama-2-70b", "qwen2-72b"])

@@ -16,9 +16,7 @@ from vrammath.budget import (
 )
 from vrammath.errors import InputError
 from vrammath.estimate import estimate
-from vrammath.inverse import (
-    largest_micro_batch,
-)
+from vrammath.fit import largest_micro_batch
 from vrammath.presets import load_model
 from vrammath.setup import Setup, with_changes
 from vrammath.sweep import compiled_cache_info, ranking, sensitivities, sweep
@@ -26,9 +24,7 @@ from vrammath.symbols import N_d, b, s
 
 MODELS = ("gpt2", "llama-7b", "qwen2-7b", "llama-2-70b", "qwen2-72b")
 
-TEXT: Any = (
-    "A100-80GB"  # text where an object belongs on purpose: the API must refuse it with InputError
-)
+TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 
 
 def test_sensitivities_match_finite_differences() -> None:

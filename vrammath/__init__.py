@@ -18,9 +18,9 @@ offload. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 from vrammath.budget import Budget, budget
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, estimate
-from vrammath.fit import fit
+from vrammath.fit import fewest_gpus, fit, largest_micro_batch, longest_sequence
 from vrammath.inference import Serve, kv_bytes_per_token, kv_cache_bytes, kv_cache_expr, serve
-from vrammath.inverse import Solution, fewest_gpus, largest_micro_batch, longest_sequence
+from vrammath.inverse import Solution
 from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs
 from vrammath.model import ModelSpec, from_hf_config
 from vrammath.parallel import convention_bytes, shard_model_states, zero_paper_bytes, zero_stage

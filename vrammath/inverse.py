@@ -2,10 +2,9 @@
 
 The forward direction is :func:`vrammath.estimate.estimate`: a setup in, bytes out. This module
 runs it backwards on the same sympy objects -- the GPU total ``est.gpu_expr()`` with the numbers
-in ``est.values`` -- for the largest micro-batch ``b``, the longest sequence ``s`` and the fewest
-data-parallel GPUs ``N_d`` that fit a :class:`~vrammath.budget.Budget`
-(:func:`largest_micro_batch`, :func:`longest_sequence`, :func:`fewest_gpus`), and for any
-expression with the generic :func:`largest` / :func:`smallest`.
+in ``est.values`` -- with the generic :func:`largest` / :func:`smallest`, which
+:mod:`vrammath.fit` applies to the largest micro-batch ``b``, the longest sequence ``s`` and the
+fewest data-parallel GPUs ``N_d`` that fit a :class:`~vrammath.budget.Budget`.
 
 Explanation
 ===========
@@ -28,6 +27,7 @@ Examples
 ========
 
 >>> from vrammath.estimate import estimate
+>>> from vrammath.fit import fewest_gpus
 >>> from vrammath.setup import Setup, with_changes
 >>> from vrammath.presets import load_model
 >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8, gpu="A100-40GB"))
@@ -49,24 +49,18 @@ A generic expression works too -- here a made-up activation term in ``b``:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import sympy
 
 from vrammath.budget import (
-    Budget,
     branches,
-    exact_bytes,
     expr_terms,
-    gpu_terms,
-    setup_budget,
     symbol_named,
     symbol_values,
 )
 from vrammath.errors import InputError, positive_int
-from vrammath.estimate import Estimate
-from vrammath.symbols import N_d, b, s
 from vrammath.units import fmt_bytes
 
 SEARCH_CAP = 2**48
@@ -386,149 +380,9 @@ def smallest(
     return done(hi, "search")
 
 
-def _checked(est: object, budget: Budget | None) -> tuple[Estimate, Budget]:
-    if not isinstance(est, Estimate):
-        raise InputError("est", "must be an Estimate (vrammath.estimate(setup))", got=est)
-    return est, setup_budget(est.setup, budget)
-
-
-def _host_need(est: Estimate, bud: Budget, unknown: sympy.Symbol, n: int) -> int:
-    """Host bytes per node with ``unknown = n``: offloaded bytes per rank x ranks per node."""
-    cpu = [c.expr for c in est.components if c.device == "cpu" and c.expr is not None]
-    per_rank = exact_bytes(cpu, {**est.values, unknown: n})
-    gpus = n if unknown == N_d else est.setup.gpus
-    return per_rank * min(gpus * est.setup.tp * est.setup.pp, bud.gpus_per_node)
-
-
-def _with_host(sol: Solution, est: Estimate, bud: Budget, step: int, *, grows: bool) -> Solution:
-    """``sol`` with the host side checked: the answer must also fit the node's system memory.
-
-    The host holds only offloaded states, which do not grow with ``b`` or ``s`` and shrink with
-    ``N_d`` (``grows`` False): where the host is what binds, an exact search over multiples of
-    ``step`` moves the answer until both sides fit.
-    """
-    if not any(c.device == "cpu" and c.expr is not None for c in est.components):
-        return sol
-    unknown, limit = sol.unknown, bud.host_bytes
-    at = sol.value if sol.value is not None else est.values[unknown]
-
-    def need(n: int | None) -> int | None:
-        return None if n is None else _host_need(est, bud, unknown, n)
-
-    host_at = need(at)
-    if limit is None or sol.status == "none-fits" or (host_at is not None and host_at <= limit):
-        return replace(
-            sol, host_limit=limit, host_bytes=host_at, neighbour_host_bytes=need(sol.neighbour)
-        )
-    terms = gpu_terms(est)
-
-    def gpu_at(n: int) -> int:
-        return exact_bytes(terms, {**est.values, unknown: n})
-
-    def both(k: int) -> bool:
-        host = need(k * step)
-        return host is not None and host <= limit and gpu_at(k * step) <= sol.limit
-
-    def answer(k: int | None, neighbour_k: int | None) -> Solution:
-        value = None if k is None else k * step
-        neighbour = None if neighbour_k is None else neighbour_k * step
-        return replace(
-            sol,
-            status="none-fits" if k is None else "ok",
-            value=value,
-            method="search",
-            bytes=None if value is None else gpu_at(value),
-            neighbour=neighbour,
-            neighbour_bytes=None if neighbour is None else gpu_at(neighbour),
-            host_limit=limit,
-            host_bytes=need(value if value is not None else step),
-            neighbour_host_bytes=need(neighbour),
-        )
-
-    if grows:  # largest b or s: the host binds from below, search down from the GPU answer
-        if not both(1):
-            return answer(None, None)
-        lo, hi = 1, max(2, at // step)  # both(lo) holds, both(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if both(mid) else (lo, mid)
-        return answer(lo, lo + 1)
-    lo, hi = max(1, at // step), max(2, 2 * (at // step))  # fewest N_d: search up
-    while not both(hi):
-        lo, hi = hi, hi * 2
-        if hi * step > SEARCH_CAP:
-            return answer(None, None)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if both(mid) else (mid, hi)
-    return answer(hi, hi - 1)
-
-
-def largest_micro_batch(
-    est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1
-) -> Solution:
-    """The largest micro-batch ``b`` whose estimated GPU total fits ``budget``.
-
-    ``budget`` defaults to the setup's GPU with :data:`~vrammath.budget.DEFAULT_RESERVE_BYTES`
-    reserved. While no estimated component depends on ``b`` the answer is ``unbounded``; see
-    ``est.unestimated``. With offload, the node's host memory must hold the offloaded states.
-    """
-    est, bud = _checked(est, budget)
-    sol = largest(
-        gpu_terms(est),
-        est.values,
-        b,
-        bud.usable,
-        multiple_of=multiple_of,
-        question="largest micro-batch",
-    )
-    return _with_host(sol, est, bud, multiple_of, grows=True)
-
-
-def longest_sequence(
-    est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1
-) -> Solution:
-    """The longest sequence ``s`` (a multiple of ``multiple_of``) that fits ``budget``."""
-    est, bud = _checked(est, budget)
-    sol = largest(
-        gpu_terms(est),
-        est.values,
-        s,
-        bud.usable,
-        multiple_of=multiple_of,
-        question="longest sequence",
-    )
-    return _with_host(sol, est, bud, multiple_of, grows=True)
-
-
-def fewest_gpus(est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1) -> Solution:
-    """The fewest data-parallel GPUs ``N_d`` (a multiple of ``multiple_of``) that fit ``budget``.
-
-    With ZeRO-0 nothing is sharded: the answer is 1 or nothing fits. With offload, the host side
-    (offloaded bytes per rank x ranks per node) must fit the node's memory too.
-
-    >>> from vrammath.estimate import estimate
-    >>> from vrammath.setup import Setup
-    >>> from vrammath.presets import load_model
-    >>> from vrammath.budget import budget
-    >>> setup = Setup(load_model("llama-2-70b"), zero=3, gpus=8, offload_optimizer=True)
-    >>> sol = fewest_gpus(estimate(setup), budget("A100-80GB", host_bytes=512 * 2**30))
-    >>> sol.verified, sol.host_bytes <= 512 * 2**30 < sol.neighbour_host_bytes
-    (True, True)
-    """
-    est, bud = _checked(est, budget)
-    sol = smallest(
-        gpu_terms(est), est.values, N_d, bud.usable, multiple_of=multiple_of, question="fewest GPUs"
-    )
-    return _with_host(sol, est, bud, multiple_of, grows=False)
-
-
 __all__ = [
     "SEARCH_CAP",
     "Solution",
-    "fewest_gpus",
     "largest",
-    "largest_micro_batch",
-    "longest_sequence",
     "smallest",
 ]
