@@ -103,7 +103,7 @@ def test_sweep_broadcasts_and_caches() -> None:
     other = estimate(Setup(load_model("llama-2-7b"), zero=3, gpus=8))
     sweep(other, {"b": np.arange(1, 5)})
     assert compiled_cache_info().hits == before + 1
-    with pytest.raises(InputError, match="axes: must name symbols"):
+    with pytest.raises(InputError, match="axes: must be one of I, L, N_d, P, V"):
         sweep(est, {"r": np.arange(3)})
 
 
