@@ -15,28 +15,22 @@ offload. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 2*P/N_d
 """
 
+from vrammath.budget import Budget, budget
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, estimate
+from vrammath.fit import fewest_gpus, fit, largest_micro_batch, longest_sequence
 from vrammath.inference import Serve, kv_bytes_per_token, kv_cache_bytes, kv_cache_expr, serve
+from vrammath.inverse import Solution
+from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs
 from vrammath.model import ModelSpec, from_hf_config
 from vrammath.parallel import convention_bytes, shard_model_states, zero_paper_bytes, zero_stage
 from vrammath.params import param_count, param_counts, param_exprs
-from vrammath.peft import frozen_base_exprs, lora_param_count, lora_param_expr, lora_state_exprs
+from vrammath.plan import cheapest_fit
 from vrammath.presets import gpu, load_config_file, load_gpus, load_model, model_names
+from vrammath.quant import frozen_base_exprs
 from vrammath.setup import Setup
-from vrammath.solve import (
-    Budget,
-    Solution,
-    budget,
-    cheapest_fit,
-    fewest_gpus,
-    fit,
-    largest_micro_batch,
-    longest_sequence,
-    sensitivities,
-    sweep,
-)
 from vrammath.states import RECIPES, bytes_per_param, model_state_bytes, model_state_exprs
+from vrammath.sweep import sensitivities, sweep
 from vrammath.units import GB, GiB, fmt_bytes, fmt_gb, fmt_gib
 
 __version__ = "0.1.0"
