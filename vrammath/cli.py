@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -318,13 +319,16 @@ def _cmd_fit(args: argparse.Namespace) -> Result:
     if args.gpu is None:
         raise one_of("gpu", None, list(load_gpus()))
     setup = _training_setup(args)
-    bud = budget(args.gpu, headroom=args.headroom, reserve_bytes=round(args.reserve_gib * 2**30))
-    if bud.usable <= 0:
+    reserve = round(args.reserve_gib * 2**30)
+    capacity = load_gpus()[args.gpu].bytes if args.gpu in load_gpus() else None
+    if capacity is not None and math.floor(capacity * (1 - args.headroom)) <= reserve:
+        # the flags' names, not Budget's fields: the user typed these
         raise InputError(
             "headroom/reserve-gib",
-            f"leave nothing of {bud.gpu}'s {fmt_bytes(bud.capacity)} (usable {fmt_bytes(bud.usable)})",
+            f"leave nothing of {args.gpu}'s {fmt_bytes(capacity)}",
             got=(args.headroom, args.reserve_gib),
         )
+    bud = budget(args.gpu, headroom=args.headroom, reserve_bytes=reserve)
     answer = fit(setup, bud)
     data: dict[str, Any] = answer.as_dict()
     data["warnings"] = list(setup_warnings(setup))
