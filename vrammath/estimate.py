@@ -106,6 +106,30 @@ class Estimate:
         return self._total("gpu", _MODEL_STATE_KEYS)
 
     @property
+    def states_plus_gathered_bytes(self) -> int:
+        """Model states plus the ZeRO-3 layers gathered in flight on one GPU (no activations):
+        what must fit before a single activation is kept.
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))
+        >>> est.states_plus_gathered_bytes - est.model_state_bytes == est.component("gathered").bytes
+        True
+        """
+        return self._total("gpu", (*_MODEL_STATE_KEYS, "gathered"))
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activations, logits and loss buffers kept for backward on one GPU (the ``A`` of the
+        phase peaks; the peak adds other terms, see :attr:`phases`).
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), seq_len=2048))
+        >>> est.activation_bytes == sum(est.component(k).bytes for k in ("activations", "logits_loss"))
+        True
+        """
+        return self._total("gpu", _ACTIVATION_KEYS)
+
+    @property
     def gpu_bytes(self) -> int:
         """The peak per GPU, the largest phase of the iteration (what must fit)."""
         return _value(self.gpu_expr(), self.values)
@@ -277,6 +301,7 @@ _MODEL_STATE_KEYS = (
     "adapter_master",
     "adapter_optimizer",
 )
+_ACTIVATION_KEYS = ("activations", "logits_loss", "adapter_activations")
 _LORA_SHARD = {
     "weights": 3,  # ZeRO stage from which each LoRA term is sharded over N_d
     "quant_constants": 3,
@@ -379,7 +404,7 @@ def _phase_exprs(setup: Setup, comps: list[Component]) -> dict[str, sympy.Expr]:
     O_ = total("optimizer", "adapter_optimizer")
     G = total("gradients", "adapter_gradients")
     T_step = total("step_temporaries")
-    A = total("activations", "logits_loss", "adapter_activations")
+    A = total(*_ACTIVATION_KEYS)
     in_flight = total("gathered", "dequant_buffer")
     rec = recipe(setup.recipe)
     if setup.activation_formula == "korthikanti":
