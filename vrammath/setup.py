@@ -30,7 +30,7 @@ RECOMPUTE = ("none", "selective", "full")
 ACTIVATION_MODELS = ("auto", "hf", "korthikanti")
 ITERATIONS = ("steady", "first")
 SCHEDULES = ("1f1b", "interleaved")
-#: where the kernels run: CUDA and CPU kernels keep different tensors (dropout masks, norm stats)
+#: where the kernels run (CUDA and CPU kernels keep different tensors, e.g. dropout masks)
 DEVICES = ("cuda", "cpu")
 
 # The dtype the forward runs in under each recipe (what the activations are kept in).
