@@ -58,6 +58,11 @@ def gibs(x: float) -> str:
     return f"{x / vm.GiB:,.2f} GiB"
 
 
+def count(n: int) -> str:
+    """An integer with thousands separators that may break after a comma in a narrow column."""
+    return f"{n:,}".replace(",", ",\u200b")
+
+
 def pct(part: float, whole: float) -> float:
     """``part`` as a percentage of ``whole``: the two quantities the sentence names."""
     return 100 * float(part) / float(whole)
