@@ -178,7 +178,34 @@ def stage_mathjax() -> Path:
     return MATHJAX_STAGE
 
 
-html_static_path = ["_static", str(stage_mathjax())]
+# --- the calculator's compiled expressions -------------------------------------------------------
+CALC_STAGE = BUILD / "_calculator_static"
+
+
+def stage_calculator() -> Path:
+    """Compile the term table into the calculator's data (tools/calculator_build.py), again only
+    when the package, the presets or the generator changed (it takes minutes)."""
+    sources = [*sorted((ROOT / "vrammath").rglob("*.py")), *sorted((ROOT / "conf").rglob("*"))]
+    sources.append(ROOT / "tools" / "calculator_build.py")
+    digest = hashlib.sha256()
+    for path in sources:
+        if path.is_file():
+            digest.update(path.relative_to(ROOT).as_posix().encode() + path.read_bytes())
+    out = CALC_STAGE / "calculator-data.js"
+    stamp = CALC_STAGE / "source.txt"
+    if stamp.is_file() and stamp.read_text() == digest.hexdigest() and out.is_file():
+        return CALC_STAGE
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "calculator_build.py"), str(out)],
+        check=True,
+    )
+    stamp.write_text(digest.hexdigest())
+    return CALC_STAGE
+
+
+html_static_path = ["_static", str(stage_mathjax()), str(stage_calculator())]
 mathjax_path = "mathjax/tex-chtml.js"  # relative to _static
 mathjax3_config = {
     "tex": {"tags": "ams"},
