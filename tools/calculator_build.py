@@ -15,6 +15,7 @@ of the table), the phases of the group totals, their maximum.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -134,6 +135,12 @@ PROBES: tuple[dict[str, Any], ...] = (
     {"device": "cpu"},
     {"recipe": "fp32"},
     {"recipe": "autocast-bf16", "recompute": "full"},
+    {"implementation": "for-loop"},
+    {"optimizer": "adam8bit"},
+    {"optimizer": "adafactor", "implementation": "for-loop"},
+    {"lora": True, "optimizer": "adam8bit", "lora_targets": "all-linear"},
+    {"lora": True, "recipe": "fp32", "quant": "int8", "lora_dropout": True},
+    {"pp>1": True, "implementation": "for-loop", "optimizer": "adafactor"},
 )
 
 
@@ -266,9 +273,44 @@ def relevant_features(specs: list[Any]) -> dict[str, list[str]]:
                     for key, val in got.items():
                         if val != ref[key]:
                             found.setdefault(key, set()).add(name)
+        # and every field a row's builder reads, on every probe (value changes alone miss
+        # interactions: the quantized base's width matters only under an fp32 recipe)
+        for probe in PROBES:
+            base = make_setup(spec, probe, repair=False)
+            if isinstance(base, str):
+                continue
+            for term in TERMS:
+                reader = _Reader(base)
+                with contextlib.suppress(InputError):
+                    est_mod._built(term, Context(reader))  # type: ignore[arg-type]
+                for name in reader.read:
+                    found.setdefault(term.key, set()).update(FEATURES_OF_FIELD.get(name, ()))
     order = list(FEATURES)
     keys = [t.key for t in TERMS] + ["@phases"]
     return {k: sorted(found.get(k, ()), key=order.index) for k in keys}
+
+
+#: The features a Setup attribute stands for (numbers enter as symbols; their size as "> 1").
+FEATURES_OF_FIELD: dict[str, tuple[str, ...]] = {
+    **{name: (name,) for name in FEATURES},
+    "tp": ("tp>1",),
+    "pp": ("pp>1",),
+    "lora_rank": ("lora",),
+    "activation_formula": ("activation_model", "tp>1", "pp>1", "recompute"),
+    "chunks": ("schedule",),
+}
+
+
+class _Reader:
+    """A Setup that records which of its attributes a builder reads."""
+
+    def __init__(self, setup: Setup) -> None:
+        object.__setattr__(self, "_setup", setup)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.add(name)
+        return getattr(self._setup, name)
 
 
 class ExactJsPrinter(JavascriptCodePrinter):
@@ -410,8 +452,62 @@ def numeric_messages(spec: Any) -> dict[str, Any]:
     }
 
 
+#: The pure functions the builders of vrammath.terms call, memoized while the generator
+#: enumerates thousands of setups that share them (the model by identity: one object per preset).
+MEMOIZED = (
+    "activation_exprs",
+    "korthikanti_first_stage_bytes",
+    "lora_activation_layer_expr",
+    "lora_state_exprs",
+    "lora_step_temp_expr",
+    "layer_param_expr",
+    "dequant_buffer_expr",
+    "frozen_base_exprs",
+    "model_state_exprs",
+    "optimizer_step_temp_expr",
+)
+
+
+def _memo(fn: Any) -> Any:
+    cache: dict[Any, Any] = {}
+
+    def call(*args: Any, **kw: Any) -> Any:
+        key = (tuple(a if isinstance(a, str | int | tuple | None) else id(a) for a in args),
+               tuple(sorted(kw.items())))  # fmt: skip
+        if key not in cache:
+            cache[key] = fn(*args, **kw)
+        return cache[key]
+
+    return call
+
+
+_JS: dict[sympy.Expr, str] = {}
+_TEX: dict[sympy.Expr, str] = {}
+
+
+def _js(expr: sympy.Expr) -> str:
+    if expr not in _JS:
+        _JS[expr] = js_function(expr)
+    return _JS[expr]
+
+
+def _tex(expr: sympy.Expr) -> str:
+    if expr not in _TEX:
+        _TEX[expr] = sympy.latex(expr)
+    return _TEX[expr]
+
+
 def build() -> dict[str, Any]:
     """The calculator's data: features, rows, compiled variants per model class, presets."""
+    terms_mod = import_module("vrammath.terms")
+    with contextlib.ExitStack() as stack:
+        for name in MEMOIZED:
+            fn = getattr(terms_mod, name)
+            stack.enter_context(mock.patch.object(terms_mod, name, _memo(fn)))
+        return _build()
+
+
+def _build() -> dict[str, Any]:
     names = model_names()
     specs = {name: load_model(name) for name in names}
     # a class per distinct structure: the expressions are symbolic in the sizes
@@ -422,38 +518,44 @@ def build() -> dict[str, Any]:
         classes[name] = sig_class.setdefault(sig, name)
     reps = sorted(set(classes.values()))
     relevant = relevant_features([specs[r] for r in reps])
-    funcs, labels, texs = Pool(), Pool(), Pool()
-    variants: dict[str, dict[str, dict[str, Any]]] = {}
+    funcs, labels, texs, messages, entries = Pool(), Pool(), Pool(), Pool(), Pool()
+
+    def refused(message: str) -> int:
+        return -1 - messages.add(message)
+
+    def variant(*parts: int) -> int:
+        return 1 + entries.add(json.dumps(parts))
+
+    # one dense table per row: the feature values' product in itertools order (the first
+    # feature most significant); 0 = the row is absent, k > 0 = entries[k - 1], k < 0 = the
+    # library's refusal messages[-k - 1]
+    variants: dict[str, dict[str, list[int]]] = {}
     for rep in reps:
         spec = specs[rep]
-        per_row: dict[str, dict[str, Any]] = {}
+        per_row: dict[str, list[int]] = {}
         for key, feats in relevant.items():
-            table: dict[str, Any] = {}
+            table: list[int] = []
             for combo in itertools.product(*(FEATURES[f] for f in feats)):
-                vkey = "|".join(json.dumps(c) for c in combo)
                 setup = make_setup(spec, dict(zip(feats, combo, strict=True)))
                 if isinstance(setup, str):
-                    table[vkey] = {"err": setup}
+                    table.append(refused(setup))
                     continue
                 if key == "@phases":
                     got = built_phases(setup)
                     if got[0] == "err":
-                        table[vkey] = {"err": got[1]}
+                        table.append(refused(got[1]))
                     else:
-                        table[vkey] = [funcs.add(js_function(e)) for e in got]
+                        table.append(variant(*(funcs.add(_js(e)) for e in got)))
                     continue
-                ctx = Context(setup)
-                got = built_row(TERMS_BY_KEY[key], ctx)
+                got = built_row(TERMS_BY_KEY[key], Context(setup))
                 if got is None:
-                    table[vkey] = None
+                    table.append(0)
                 elif got[0] == "err":
-                    table[vkey] = {"err": got[1]}
+                    table.append(refused(got[1]))
                 else:
-                    table[vkey] = [
-                        funcs.add(js_function(got[0])),
-                        labels.add(got[1]),
-                        texs.add(sympy.latex(got[0])),
-                    ]
+                    table.append(
+                        variant(funcs.add(_js(got[0])), labels.add(got[1]), texs.add(_tex(got[0])))
+                    )
             per_row[key] = table
         variants[rep] = per_row
     invalid = {rep: invalid_pairs(specs[rep]) for rep in reps}
@@ -468,12 +570,18 @@ def build() -> dict[str, Any]:
                 tps.append(tp)
             except InputError as err:
                 tp_err[tp] = str(err)
-        # P on the fullest tensor/pipeline rank (vrammath.estimate._values)
-        rank_p = {"1,1": param_count(spec)}
+        # P on the fullest tensor/pipeline rank (vrammath.estimate._values), per tp the values
+        # for pp = 1, 2, ... run-length encoded as [value, repeats, ...]
+        rank_p: dict[int, list[int]] = {}
         for tp in tps:
+            runs: list[int] = []
             for pp in range(1, spec.layers + 1):
-                if tp > 1 or pp > 1:
-                    rank_p[f"{tp},{pp}"] = rank_param_count(spec, tp, pp)
+                value = param_count(spec) if tp == pp == 1 else rank_param_count(spec, tp, pp)
+                if runs and runs[-2] == value:
+                    runs[-1] += 1
+                else:
+                    runs += [value, 1]
+            rank_p[tp] = runs
         presets[name] = {
             "cls": classes[name],
             "values": values,
@@ -533,6 +641,8 @@ def build() -> dict[str, Any]:
         "stateGroups": list(STATE_GROUPS),
         "variants": variants,
         "labels": labels.items,
+        "messages": messages.items,
+        "entries": [json.loads(e) for e in entries.items],
         "tex": texs.items,
         "presets": presets,
         "gpus": {g.name: g.bytes for g in load_gpus().values()},

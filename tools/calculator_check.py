@@ -12,6 +12,7 @@ message beside the field, which must be the CLI's; and it measures the first ren
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import time
@@ -95,20 +96,20 @@ def expected(kw: dict[str, Any]) -> dict[str, Any]:
     args = {k: v for k, v in kw.items() if k != "model"}
     try:
         est = estimate(Setup(load_model(kw["model"]), **args))
-        data = est.as_dict()
+        data: dict[str, Any] = est.as_dict()
     except InputError as err:
         return {"error": str(err)}
-    comps = {c["key"]: str(c["bytes"]) for c in data["components"]}  # type: ignore[attr-defined]
-    totals = dict(data["totals"])  # type: ignore[call-overload]
+    comps = {c["key"]: str(c["bytes"]) for c in data["components"]}
+    totals = dict(data["totals"])
     out: dict[str, Any] = {
         "components": comps,
-        "phases": {k: str(v) for k, v in data["phases"].items()},  # type: ignore[attr-defined]
+        "phases": {k: str(v) for k, v in data["phases"].items()},
         "totals": {k: v if k == "peak_phase" else str(v) for k, v in totals.items()},
         "gpu": None,
     }
     gpu = data["gpu"]
     if gpu is not None:
-        out["gpu"] = {"name": gpu["name"], "bytes": str(gpu["bytes"]), "fits": gpu["fits"]}  # type: ignore[index]
+        out["gpu"] = {"name": gpu["name"], "bytes": str(gpu["bytes"]), "fits": gpu["fits"]}
     return out
 
 
@@ -254,9 +255,10 @@ def check_form(driver: Any, base: str) -> tuple[list[str], list[str]]:
             [sys.executable, "-m", "vrammath", "estimate", "llama-7b", flag, text],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        message = cli.stderr.strip().splitlines()[-1]
-        message = message.split(": ", 1)[1] if message.startswith("vrammath: error") else message
-        message = message.split(": ", 1)[1] if message.startswith("argument ") else message
+        # "vrammath: error: argument --batch/-b: batch: ..." -> "batch: ..."
+        message = re.sub(
+            r"^vrammath: error: (argument \S+: )?", "", cli.stderr.strip().splitlines()[-1]
+        )
         checked += 1
         if shown != message:
             problems.append(f"bad {flag} {text!r}: form says {shown!r}, CLI says {message!r}")
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
 
-    from browser_check import make_driver, serve  # type: ignore[import-not-found]
+    from browser_check import make_driver, serve
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("html", type=Path)

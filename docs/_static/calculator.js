@@ -88,7 +88,25 @@
     const value = setup[name];
     return value === undefined ? null : value;
   }
-  const keyOf = (setup, feats) => feats.map((f) => JSON.stringify(featureValue(setup, f))).join("|");
+  /** The position of the setup's feature values in a row's dense table (itertools order). */
+  function indexOf(setup, feats) {
+    let index = 0;
+    for (const f of feats) {
+      const values = D.features[f].map((x) => JSON.stringify(x));
+      const i = values.indexOf(JSON.stringify(featureValue(setup, f)));
+      if (i < 0) return -1;
+      index = index * values.length + i;
+    }
+    return index;
+  }
+  /** A table's entry: null (absent), {err}, or the indices it names; undefined if not there. */
+  function entryOf(table, setup, feats) {
+    const i = indexOf(setup, feats);
+    if (i < 0 || i >= table.length) return undefined;
+    const k = table[i];
+    if (k === 0) return null;
+    return k < 0 ? { err: D.messages[-k - 1] } : D.entries[k - 1];
+  }
   function withDefaults(setup) {
     const out = Object.assign({}, D.defaults, setup);
     if (out.lora_targets === undefined || out.lora_targets === null) out.lora_targets = D.defaults.lora_targets;
@@ -148,7 +166,7 @@
     const table = D.variants[pre.cls];
     const out = [];
     for (const row of D.rows) {
-      const entry = table[row.key][keyOf(setup, row.relevant)];
+      const entry = entryOf(table[row.key], setup, row.relevant);
       if (entry === undefined) {
         return { error: `${row.relevant.join("/")}: this combination is not compiled into the calculator (use the CLI)` };
       }
@@ -162,7 +180,11 @@
     const pre = D.presets[setup.model];
     const v = {};
     for (const [k, x] of Object.entries(pre.values)) v[k] = num(x);
-    v.P = num(pre.rankP[`${setup.tp},${setup.pp}`]);
+    const runs = pre.rankP[setup.tp];  // per pp = 1, 2, ...: [value, repeats, ...]
+    for (let i = 0, pp = 0; i < runs.length; i += 2) {
+      pp += runs[i + 1];
+      if (setup.pp <= pp) { v.P = num(runs[i]); break; }
+    }
     for (const [sym, field] of Object.entries(D.runSymbols)) {
       if (setup[field] !== null && setup[field] !== undefined) v[sym] = num(setup[field]);
     }
@@ -201,7 +223,7 @@
       }
       g[sym] = total;
     });
-    const phaseEntry = D.variants[pre.cls]["@phases"][keyOf(setup, D.phaseFeatures)];
+    const phaseEntry = entryOf(D.variants[pre.cls]["@phases"], setup, D.phaseFeatures);
     if (phaseEntry === undefined) return { error: `${D.phaseFeatures.join("/")}: this combination is not compiled into the calculator (use the CLI)` };
     if (phaseEntry.err) return { error: phaseEntry.err };
     const phaseExact = phaseEntry.map((i) => F[i](g));
