@@ -22,7 +22,7 @@ import json
 import sys
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import sympy
@@ -141,6 +141,8 @@ PROBES: tuple[dict[str, Any], ...] = (
     {"lora": True, "optimizer": "adam8bit", "lora_targets": "all-linear"},
     {"lora": True, "recipe": "fp32", "quant": "int8", "lora_dropout": True},
     {"pp>1": True, "implementation": "for-loop", "optimizer": "adafactor"},
+    {"zero": 2, "offload_optimizer": True, "optimizer": "adafactor", "implementation": "for-loop"},
+    {"zero": 3, "offload_optimizer": True, "optimizer": "adam8bit", "recipe": "fp32"},
 )
 
 
@@ -160,6 +162,8 @@ REPAIRS: tuple[dict[str, Any], ...] = (
     {"tp>1": True},
     {"pp>1": True},
     {"lora": False, "quant": None},
+    {"recompute": "selective"},
+    {"activation_model": "korthikanti"},
 )
 
 
@@ -202,11 +206,17 @@ def _setup_kwargs(spec: Any, f: dict[str, Any]) -> dict[str, Any] | None:
     return kw
 
 
-def make_setup(spec: Any, feats: dict[str, Any], *, repair: bool = True) -> Setup | str:
+def make_setup(
+    spec: Any, feats: dict[str, Any], *, repair: bool = True, pairs: bool = False
+) -> Setup | str:
     """A valid Setup with these feature values, the others at their defaults or, where the
     defaults refuse it, at a repaired choice; else the library's message for the first try."""
     first = ""
-    for change in REPAIRS if repair else ({},):
+    # single repairs first, then pairs of them (sp needs tp > 1, offload needs a ZeRO stage)
+    changes = list(REPAIRS)
+    if pairs:
+        changes += [{**x, **y} for x, y in itertools.combinations(REPAIRS[1:], 2)]
+    for change in changes if repair else [{}]:
         f = {**DEFAULTS, **{k: v for k, v in change.items() if k not in feats}, **feats}
         kw = _setup_kwargs(spec, f)
         if kw is None:
@@ -282,7 +292,7 @@ def relevant_features(specs: list[Any]) -> dict[str, list[str]]:
             for term in TERMS:
                 reader = _Reader(base)
                 with contextlib.suppress(InputError):
-                    est_mod._built(term, Context(reader))  # type: ignore[arg-type]
+                    est_mod._built(term, Context(cast(Setup, reader)))
                 for name in reader.read:
                     found.setdefault(term.key, set()).update(FEATURES_OF_FIELD.get(name, ()))
     order = list(FEATURES)
@@ -395,17 +405,16 @@ class Pool:
         return self.index[item]
 
 
-def signature(spec: Any) -> str:
-    """Presets whose expressions agree share one compiled table: probe a few setups."""
-    parts = []
+def signatures(spec: Any) -> dict[str, str]:
+    """Per row, its outputs over the probes: presets whose outputs agree share the row's
+    compiled table (most rows are symbolic in the sizes; a few hold a model's own numbers)."""
+    parts: dict[str, list[str]] = {}
     for probe in PROBES:
         setup = make_setup(spec, probe, repair=False)
-        if isinstance(setup, str):
-            parts.append("-")
-            continue
-        out = row_outputs(setup)
-        parts.append(sympy.srepr(tuple(v for v in out.values())))
-    return "\n".join(parts)
+        out = {} if isinstance(setup, str) else row_outputs(setup)
+        for key in [term.key for term in TERMS] + ["@phases"]:
+            parts.setdefault(key, []).append(sympy.srepr(out.get(key, "-")))
+    return {key: "\n".join(v) for key, v in parts.items()}
 
 
 def invalid_pairs(spec: Any) -> dict[str, str]:
@@ -414,7 +423,7 @@ def invalid_pairs(spec: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     items = [(f, v) for f, values in FEATURES.items() for v in values]
     for f, v in items:
-        got = make_setup(spec, {f: v})
+        got = make_setup(spec, {f: v}, pairs=True)
         if isinstance(got, str):
             out[f"{f}={json.dumps(v)}"] = got
     names = list(FEATURES)
@@ -424,7 +433,7 @@ def invalid_pairs(spec: Any) -> dict[str, str]:
         one, two = f"{f}={json.dumps(v)}", f"{g}={json.dumps(w)}"
         if one in out or two in out:
             continue
-        got = make_setup(spec, {f: v, g: w})
+        got = make_setup(spec, {f: v, g: w}, pairs=True)
         if isinstance(got, str):
             out[f"{one}&{two}"] = got
     return out
@@ -510,13 +519,14 @@ def build() -> dict[str, Any]:
 def _build() -> dict[str, Any]:
     names = model_names()
     specs = {name: load_model(name) for name in names}
-    # a class per distinct structure: the expressions are symbolic in the sizes
-    classes: dict[str, str] = {}
-    sig_class: dict[str, str] = {}
+    # per row, a class of presets whose compiled tables agree
+    row_class: dict[str, dict[str, str]] = {}
+    first_of: dict[tuple[str, str], str] = {}
     for name, spec in specs.items():
-        sig = signature(spec)
-        classes[name] = sig_class.setdefault(sig, name)
-    reps = sorted(set(classes.values()))
+        for key, sig in signatures(spec).items():
+            row_class.setdefault(key, {})[name] = first_of.setdefault((key, sig), name)
+    structure = row_class["activations"]  # the model's shape: its activations
+    reps = sorted(set(structure.values()))
     relevant = relevant_features([specs[r] for r in reps])
     funcs, labels, texs, messages, entries = Pool(), Pool(), Pool(), Pool(), Pool()
 
@@ -530,10 +540,10 @@ def _build() -> dict[str, Any]:
     # feature most significant); 0 = the row is absent, k > 0 = entries[k - 1], k < 0 = the
     # library's refusal messages[-k - 1]
     variants: dict[str, dict[str, list[int]]] = {}
-    for rep in reps:
-        spec = specs[rep]
-        per_row: dict[str, list[int]] = {}
-        for key, feats in relevant.items():
+    for key, feats in relevant.items():
+        per_rep: dict[str, list[int]] = {}
+        for rep in sorted(set(row_class[key].values())):
+            spec = specs[rep]
             table: list[int] = []
             for combo in itertools.product(*(FEATURES[f] for f in feats)):
                 setup = make_setup(spec, dict(zip(feats, combo, strict=True)))
@@ -556,8 +566,8 @@ def _build() -> dict[str, Any]:
                     table.append(
                         variant(funcs.add(_js(got[0])), labels.add(got[1]), texs.add(_tex(got[0])))
                     )
-            per_row[key] = table
-        variants[rep] = per_row
+            per_rep[rep] = table
+        variants[key] = per_rep
     invalid = {rep: invalid_pairs(specs[rep]) for rep in reps}
     presets = {}
     for name, spec in specs.items():
@@ -583,7 +593,7 @@ def _build() -> dict[str, Any]:
                     runs += [value, 1]
             rank_p[tp] = runs
         presets[name] = {
-            "cls": classes[name],
+            "cls": structure[name],
             "values": values,
             "params": param_count(spec),
             "rankP": rank_p,
@@ -640,6 +650,7 @@ def _build() -> dict[str, Any]:
         "groups": [str(sym) for sym in GROUP_SYMBOLS],
         "stateGroups": list(STATE_GROUPS),
         "variants": variants,
+        "rowClass": row_class,
         "labels": labels.items,
         "messages": messages.items,
         "entries": [json.loads(e) for e in entries.items],

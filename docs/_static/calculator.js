@@ -162,11 +162,10 @@
 
   // --- the estimate: compiled rows, summed by their group column, compiled phases ----------------
   function rowsOf(setup) {
-    const pre = D.presets[setup.model];
-    const table = D.variants[pre.cls];
     const out = [];
     for (const row of D.rows) {
-      const entry = entryOf(table[row.key], setup, row.relevant);
+      const table = D.variants[row.key][D.rowClass[row.key][setup.model]];
+      const entry = entryOf(table, setup, row.relevant);
       if (entry === undefined) {
         return { error: `${row.relevant.join("/")}: this combination is not compiled into the calculator (use the CLI)` };
       }
@@ -223,7 +222,7 @@
       }
       g[sym] = total;
     });
-    const phaseEntry = entryOf(D.variants[pre.cls]["@phases"], setup, D.phaseFeatures);
+    const phaseEntry = entryOf(D.variants["@phases"][D.rowClass["@phases"][setup.model]], setup, D.phaseFeatures);
     if (phaseEntry === undefined) return { error: `${D.phaseFeatures.join("/")}: this combination is not compiled into the calculator (use the CLI)` };
     if (phaseEntry.err) return { error: phaseEntry.err };
     const phaseExact = phaseEntry.map((i) => F[i](g));
