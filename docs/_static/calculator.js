@@ -454,8 +454,17 @@
     });
     groups.append(track, el("span", { class: "vm-legend", text: Object.values(names).join(" · ") }));
     phases.append(groups);
-    if (window.MathJax && window.MathJax.typesetPromise) window.MathJax.typesetPromise([table]);
+    typeset(table);
     return est;
+  }
+  // MathJax loads after this script: typeset the formulas once it has started
+  function typeset(node) {
+    const mj = window.MathJax;
+    if (mj && mj.startup && mj.startup.promise) {
+      mj.startup.promise.then(() => mj.typesetPromise([node])).catch(() => {});
+    } else {
+      setTimeout(() => { if (document.contains(node)) typeset(node); }, 200);
+    }
   }
   form.addEventListener("input", render);
   form.addEventListener("change", render);
