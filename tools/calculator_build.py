@@ -56,6 +56,11 @@ est_mod = import_module("vrammath.estimate")
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "_static" / "calculator-data.js"
 
+#: What the page says where a row's expression depends on the LoRA rank's size.
+RANK_REFUSAL = (
+    "lora_rank: with this optimizer the adapters' states depend on the rank's size, "
+    "which the calculator does not compile (use the CLI)"
+)
 #: LoRA target sets the calculator offers (others: the CLI).
 TARGET_CHOICES = ("q,v", "q,k,v,o", "all-linear")
 #: The group totals' symbols, in the order of vrammath.peak.Groups.
@@ -558,6 +563,15 @@ def _build() -> dict[str, Any]:
                         table.append(variant(*(funcs.add(_js(e)) for e in got)))
                     continue
                 got = built_row(TERMS_BY_KEY[key], Context(setup))
+                if setup.lora_rank is not None and got is not None and got[0] != "err":
+                    # an expression that holds the rank's size (8-bit states keep a small
+                    # adapter in fp32) is not one expression in r: refuse, never a wrong number
+                    small = built_row(
+                        TERMS_BY_KEY[key], Context(dataclasses.replace(setup, lora_rank=1))
+                    )
+                    if small != got:
+                        table.append(refused(RANK_REFUSAL))
+                        continue
                 if got is None:
                     table.append(0)
                 elif got[0] == "err":

@@ -141,7 +141,7 @@ def check_equality(driver: Any, seed: int = 16) -> tuple[list[str], list[str]]:
     """Random setups: the page's bytes against the library's; its refusals against the
     library's. Returns (summary lines, problems)."""
     rng = random.Random(seed)
-    compared = refused = refused_same = 0
+    compared = refused = refused_same = declined = 0
     problems: list[str] = []
     seen_models, seen_recipes, lora = set(), set(), 0
     while compared < SETUPS:
@@ -154,6 +154,9 @@ def check_equality(driver: Any, seed: int = 16) -> tuple[list[str], list[str]]:
                 problems.append(f"page computed a refused setup {kw}: library says {want['error']}")
             elif got["error"] == want["error"]:
                 refused_same += 1
+            continue
+        if "error" in got and "not compile" in got["error"]:
+            declined += 1  # outside what the page compiles: it says so, never a wrong number
             continue
         compared += 1
         seen_models.add(kw["model"])
@@ -168,6 +171,7 @@ def check_equality(driver: Any, seed: int = 16) -> tuple[list[str], list[str]]:
         f"calculator: {refused} refused setups, page refused all: "
         f"{refused - len([p for p in problems if p.startswith('page computed')])}, "
         f"same message as the library: {refused_same}",
+        f"calculator: {declined} valid setups declined by the page as not compiled",
     ]
     return lines, problems
 
