@@ -382,10 +382,11 @@ def _norm_kept(spec: ModelSpec, precision: str, device: str) -> sympy.Expr:
     c, autocast = _precision(precision)
     sb = s * b
     if spec.norms.kind == "rmsnorm":
-        normalised = 4 if c == 4 or autocast else 2
+        normalised = 4 if c == 4 or autocast or spec.norms.weight_fp32 else 2
         return 4 * sb * h + normalised * sb * h + 4 * b * s
-    stats = c if device == "cpu" else 4
-    return c * sb * h + 2 * stats * b * s
+    kept = 4 if autocast else c  # under autocast LayerNorm runs on the fp32 residual stream
+    stats = kept if device == "cpu" else 4
+    return kept * sb * h + 2 * stats * b * s
 
 
 def hf_layer_terms(
@@ -446,8 +447,9 @@ def hf_layer_terms(
     ==========
 
     spec : ModelSpec
-        A LLaMA-style model (RMSNorm, gated MLP: LLaMA, Mistral, Qwen2); a LayerNorm model
-        (GPT-2) is passed on to :func:`gpt2_layer_terms`.
+        A LLaMA-style model (LLaMA, Mistral, Qwen2; Qwen3 and OLMo-2 with q/k norms, Phi-3 with
+        fused projections: :func:`qk_norm_bytes`; StarCoder2 with LayerNorm and a plain GeLU
+        MLP); GPT-2 (fused ``Conv1D`` QKV) is passed on to :func:`gpt2_layer_terms`.
     attention : "eager" or "sdpa"
         transformers' attention implementation.
     precision : "fp32", "bf16", "fp16", "autocast-bf16" or "autocast-fp16"
@@ -464,22 +466,22 @@ def hf_layer_terms(
     .. [1] transformers ``models/llama/modeling_llama.py`` (v5), PyTorch
        ``tools/autograd/derivatives.yaml`` (what each op saves).
     """
-    if spec.norms.kind == "layernorm":
+    if spec.attention.fused_qkv:  # GPT-2's block (Conv1D c_attn, dropout everywhere)
         return gpt2_layer_terms(spec, attention, precision, gelu=gelu, device=device)
-    if not spec.mlp.gated:
-        raise InputError("mlp.gated", "an RMSNorm model with a plain MLP is not derived", got=False)
     _check("attention", attention, ATTENTIONS)
     c, autocast = _precision(precision)
     sb = s * b
     norms = 2 * _norm_kept(spec, precision, device)
-    inputs = 3 * 2 * sb * h + 2 * 2 * sb * h if autocast else 2 * c * sb * h
+    mlp_linears = 2 if spec.mlp.gated else 1  # the linears reading the MLP's input
+    inputs = 3 * 2 * sb * h + mlp_linears * 2 * sb * h if autocast else 2 * c * sb * h
     kv_heads = a_kv if attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM else a
     qkv = c * sb * d * (a + 2 * kv_heads)
     scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b if attention == "eager" else 4 * a * s * b
     output = c * sb * a * d
-    mlp = 4 * c * sb * I
-    casts = 2 * (2 * h * a * d + 2 * h * a_kv * d + 3 * h * I) if autocast else sympy.Integer(0)
-    return {
+    mlp = 4 * c * sb * I if spec.mlp.gated else _plain_mlp_kept(spec, c)
+    n_mlp = 3 if spec.mlp.gated else 2
+    casts = 2 * (2 * h * a * d + 2 * h * a_kv * d + n_mlp * h * I) if autocast else sympy.Integer(0)
+    terms = {
         "norms": sympy.expand(norms),
         "inputs": sympy.expand(inputs),
         "qkv": sympy.expand(qkv),
@@ -488,6 +490,85 @@ def hf_layer_terms(
         "mlp": sympy.expand(mlp),
         "weight_casts": sympy.expand(casts),
     }
+    return _decoder_part_terms(spec, attention, precision, terms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parts of the newer decoders (Qwen3, OLMo-2, Phi-3): q/k norms, fused projections
+# ---------------------------------------------------------------------------------------------
+
+
+def qk_norm_bytes(spec: ModelSpec, precision: str = "bf16") -> sympy.Expr:
+    """Bytes the RMSNorms on queries and keys keep for backward, per layer.
+
+    Explanation
+    ===========
+
+    Each norm keeps its input upcast to fp32, the normalised tensor the weight multiplies and the
+    inverse RMS (4 bytes per row). Qwen3 (``qk_norm="head"``) normalises each head: width
+    (a + a_kv) d, one row per head and token, and its weight multiplies the normalised tensor cast
+    back to the linear's output dtype (2 bytes for 16-bit and autocast, 4 for fp32). OLMo-2
+    (``"projection"``) normalises the whole projection, one row per token for each of the two,
+    and multiplies the fp32 tensor (4 bytes).
+
+    >>> from vrammath.readers import read_config
+    >>> cfg = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96,
+    ...     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    ...     "vocab_size": 100}
+    >>> qk_norm_bytes(read_config(cfg), "bf16")
+    6*a*b*d*s + 4*a*b*s + 6*a_kv*b*d*s + 4*a_kv*b*s
+    >>> qk_norm_bytes(read_config({**cfg, "model_type": "olmo2"}), "bf16")
+    8*a*b*d*s + 8*a_kv*b*d*s + 8*b*s
+    """
+    c, _ = _precision(precision)
+    sb = s * b
+    width = (a + a_kv) * d
+    if spec.attention.qk_norm == "head":
+        normalised = 4 if c == 4 else 2
+        return sympy.expand((4 + normalised) * sb * width + 4 * sb * (a + a_kv))
+    if spec.attention.qk_norm == "projection":
+        return sympy.expand(8 * sb * width + 2 * 4 * sb)
+    return sympy.Integer(0)
+
+
+def _plain_mlp_kept(spec: ModelSpec, c: int) -> sympy.Expr:
+    """A plain GeLU MLP without dropout (StarCoder2): the activation's kept tensors
+    (:data:`GELU_KEPT`) and its output, ``c_proj``'s input."""
+    _check("mlp.activation", spec.mlp.activation, tuple(GELU_KEPT))
+    if spec.mlp.dropout:
+        raise InputError(
+            "mlp.dropout", "must be 0 for a plain MLP outside GPT-2", got=spec.mlp.dropout
+        )
+    return (GELU_KEPT[spec.mlp.activation] + 1) * c * s * b * I
+
+
+def _decoder_part_terms(
+    spec: ModelSpec, attention: str, precision: str, terms: dict[str, sympy.Expr]
+) -> dict[str, sympy.Expr]:
+    """The LLaMA layer's terms with the newer decoders' parts: q/k norms and fused projections.
+
+    Phi-3's fused ``qkv_proj`` gives Q, K and V as views of one (b, s, (a + 2 a_kv) d) tensor.
+    RoPE makes new Q and K, but SDPA keeps V as given, a view that holds the whole fused tensor
+    alive (unless K and V are repeated first, beyond head_dim 256); and Q, written out by RoPE
+    in (b, a, s, d) order, makes SDPA's output come out in that order too, so ``o_proj`` keeps a
+    contiguous copy beside the output SDPA keeps (measured on a CPU). Eager attention copies V in
+    ``matmul`` and keeps nothing more. The fused ``gate_up_proj`` keeps what gate and up keep.
+    Under autocast each linear keeps its own 16-bit copy of its input: one per fused linear.
+    """
+    out = dict(terms)
+    c, autocast = _precision(precision)
+    fewer_casts = (2 if spec.attention.fused_qkv_linear else 0) + (
+        1 if spec.mlp.fused_gate_up else 0
+    )
+    if autocast and fewer_casts:  # each linear casts its fp32 input itself: one per fused linear
+        out["inputs"] = sympy.expand(out["inputs"] - fewer_casts * 2 * s * b * h)
+    if spec.attention.qk_norm != "none":
+        out["qk_norms"] = qk_norm_bytes(spec, precision)
+    views_kept = attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM
+    if spec.attention.fused_qkv_linear and views_kept:
+        extra = c * s * b * (a + a_kv) * d + c * s * b * a * d
+        out["qkv"] = sympy.expand(out["qkv"] + extra)
+    return out
 
 
 GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 6}
@@ -701,7 +782,7 @@ def hf_activation_terms(
     terms: dict[str, sympy.Expr] = {"layers": layers}
     learned = spec.embeddings.learned_positions
     if not learned:
-        terms["rope"] = 2 * s * d * res
+        terms["rope"] = 2 * s * d * (4 if spec.attention.rope_fp32 else res)
     if spec.embeddings.dropout > 0:
         terms["embedding_dropout"] = _dropout_mask_bytes(c, device) * sb * h
     if learned:
@@ -784,4 +865,5 @@ __all__ = [
     "korthikanti_interleave_factor",
     "korthikanti_layer_bytes",
     "korthikanti_layer_terms",
+    "qk_norm_bytes",
 ]

@@ -44,7 +44,7 @@ from vrammath.model import ModelSpec
 from vrammath.params import Tensor, param_count, size_values, tensors
 from vrammath.peft import quant_tensor_exprs, quantized_tensors
 from vrammath.presets import GPU, gpu
-from vrammath.symbols import B_kv, L, P, T, a_kv, b, blk, d, t, w_win
+from vrammath.symbols import B_kv, L, P, T, a, a_kv, b, blk, d, t, w_win
 from vrammath.units import dtype_bytes
 from vrammath.vocab import KV_DTYPES, SERVE_WEIGHTS, KvDtype, ServeWeights, check
 
@@ -206,6 +206,8 @@ def _tp_share(tensor: Tensor) -> sympy.Expr:
         return sympy.Integer(1)  # replicated
     if ".k_proj." in name or ".v_proj." in name:
         return kv_heads_per_gpu_expr() / a_kv
+    if ".qkv_proj." in name:  # fused (Phi-3): Q split over t, K and V as their heads are
+        return (a / t + 2 * kv_heads_per_gpu_expr()) / (a + 2 * a_kv)
     if "c_proj.bias" in name:
         return sympy.Integer(1)
     return 1 / t

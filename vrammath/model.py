@@ -26,7 +26,7 @@ Examples
 >>> from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of gpt2, llama, mistral, qwen2 (got 'mixtral')
+vrammath.errors.InputError: model_type: must be one of gpt2, llama, mistral, olmo2, phi3, qwen2, qwen3, starcoder2 (got 'mixtral')
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from typing import Literal
 
 AttentionKind = Literal["MHA", "GQA", "MQA"]
 NormKind = Literal["rmsnorm", "layernorm"]
+QKNorm = Literal["none", "head", "projection"]
+NormPlacement = Literal["pre", "post"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,11 @@ class Embeddings:
 class Attention:
     """Self-attention: head counts and sizes, biases, and what the kernels keep.
 
-    ``fused_qkv``: Q, K and V come from one projection (GPT-2's ``c_attn``).
+    ``fused_qkv``: Q, K and V come from one projection (GPT-2's ``c_attn``, a ``Conv1D``).
+    ``fused_qkv_linear``: Q, K and V come from one ``nn.Linear`` (Phi-3's ``qkv_proj``).
+    ``qk_norm``: an RMSNorm on the queries and keys before RoPE, over each head (``head``:
+    Qwen3) or over the whole projection (``projection``: OLMo-2), or ``none``.
+    ``rope_fp32``: RoPE's cos and sin stay fp32 (OLMo-2 does not cast them to the activations').
     ``sliding_window``: the window in tokens, with ``window_layers`` layers using it (the rest
     attend to the whole sequence). ``dropout`` is on the attention probabilities,
     ``output_dropout`` after the output projection.
@@ -77,6 +83,9 @@ class Attention:
     window_layers: int = 0
     dropout: float = 0.0
     output_dropout: float = 0.0
+    fused_qkv_linear: bool = False
+    qk_norm: QKNorm = "none"
+    rope_fp32: bool = False
 
     @property
     def kind(self) -> AttentionKind:
@@ -91,7 +100,8 @@ class MLP:
     """The feed-forward block: ``gated`` (gate, up, down: SwiGLU) or plain (up, down).
 
     ``activation`` is the config's function name (``silu``, ``gelu_new``, ...); ``dropout`` is
-    applied to the block's output (GPT-2's ``resid_pdrop``).
+    applied to the block's output (GPT-2's ``resid_pdrop``). ``fused_gate_up``: gate and up
+    come from one ``nn.Linear`` of width 2I (Phi-3's ``gate_up_proj``).
     """
 
     intermediate: int
@@ -99,19 +109,24 @@ class MLP:
     activation: str
     bias: bool
     dropout: float = 0.0
+    fused_gate_up: bool = False
 
 
 @dataclass(frozen=True)
 class Norms:
     """The normalisation layers: ``rmsnorm`` (weight) or ``layernorm`` (weight and bias).
 
-    ``placement`` is where each block's norm sits (``pre``: before attention and before the MLP);
+    ``placement`` is where each block's norm sits (``pre``: before attention and before the MLP;
+    ``post``: on the output of attention and of the MLP, before the residual add, as OLMo-2);
     ``parallel_residual`` would add attention and MLP to the same residual (GPT-NeoX).
+    ``weight_fp32``: the RMSNorm weight multiplies the fp32 normalised tensor before the cast back
+    (OLMo-2), rather than the tensor cast back first (LLaMA).
     """
 
     kind: NormKind
-    placement: Literal["pre"] = "pre"
+    placement: NormPlacement = "pre"
     parallel_residual: bool = False
+    weight_fp32: bool = False
 
 
 @dataclass(frozen=True)

@@ -111,13 +111,19 @@ def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
         if att.o_bias:
             out.append(Tensor("attn.c_proj.bias", (h,), L, "attention"))
         return out
-    out += [
-        Tensor("self_attn.q_proj.weight", (a * d, h), L, "attention"),
-        Tensor("self_attn.k_proj.weight", (a_kv * d, h), L, "attention"),
-        Tensor("self_attn.v_proj.weight", (a_kv * d, h), L, "attention"),
-        Tensor("self_attn.o_proj.weight", (h, a * d), L, "attention"),
-    ]
-    if att.qkv_bias:
+    if att.fused_qkv_linear:  # Phi-3's qkv_proj: one nn.Linear of width (a + 2 a_kv) d
+        out.append(Tensor("self_attn.qkv_proj.weight", ((a + 2 * a_kv) * d, h), L, "attention"))
+    else:
+        out += [
+            Tensor("self_attn.q_proj.weight", (a * d, h), L, "attention"),
+            Tensor("self_attn.k_proj.weight", (a_kv * d, h), L, "attention"),
+            Tensor("self_attn.v_proj.weight", (a_kv * d, h), L, "attention"),
+        ]
+    out.append(Tensor("self_attn.o_proj.weight", (h, a * d), L, "attention"))
+    out += _qk_norm_tensors(spec)
+    if att.qkv_bias and att.fused_qkv_linear:
+        out.append(Tensor("self_attn.qkv_proj.bias", ((a + 2 * a_kv) * d,), L, "attention"))
+    elif att.qkv_bias:
         out += [
             Tensor("self_attn.q_proj.bias", (a * d,), L, "attention"),
             Tensor("self_attn.k_proj.bias", (a_kv * d,), L, "attention"),
@@ -128,7 +134,42 @@ def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
     return out
 
 
+def _qk_norm_tensors(spec: ModelSpec) -> list[Tensor]:
+    """RMSNorm weights on queries and keys: per head (d: Qwen3) or per projection (OLMo-2)."""
+    if spec.attention.qk_norm == "head":
+        return [
+            Tensor("self_attn.q_norm.weight", (d,), L, "norms"),
+            Tensor("self_attn.k_norm.weight", (d,), L, "norms"),
+        ]
+    if spec.attention.qk_norm == "projection":
+        return [
+            Tensor("self_attn.q_norm.weight", (a * d,), L, "norms"),
+            Tensor("self_attn.k_norm.weight", (a_kv * d,), L, "norms"),
+        ]
+    return []
+
+
 def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
+    if not spec.mlp.gated and not spec.attention.fused_qkv:
+        # StarCoder2's plain MLP: nn.Linear c_fc (I, h) and c_proj (h, I)
+        out = [Tensor("mlp.c_fc.weight", (I, h), L, "mlp")]
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.c_fc.bias", (I,), L, "mlp"))
+        out.append(Tensor("mlp.c_proj.weight", (h, I), L, "mlp"))
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.c_proj.bias", (h,), L, "mlp"))
+        return out
+    if spec.mlp.fused_gate_up:  # Phi-3's gate_up_proj: one nn.Linear of width 2I
+        out = [
+            Tensor("mlp.gate_up_proj.weight", (2 * I, h), L, "mlp"),
+            Tensor("mlp.down_proj.weight", (h, I), L, "mlp"),
+        ]
+        if spec.mlp.bias:
+            out += [
+                Tensor("mlp.gate_up_proj.bias", (2 * I,), L, "mlp"),
+                Tensor("mlp.down_proj.bias", (h,), L, "mlp"),
+            ]
+        return out
     if not spec.mlp.gated:
         # the plain MLP we read is GPT-2's: Conv1D c_fc (h, I) and c_proj (I, h)
         out = [Tensor("mlp.c_fc.weight", (h, I), L, "mlp")]
@@ -154,11 +195,28 @@ def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
 
 def _norm_tensors(spec: ModelSpec) -> list[Tensor]:
     one = sympy.Integer(1)
+    if spec.norms.kind == "layernorm" and not spec.attention.fused_qkv:
+        # StarCoder2: LayerNorm (weight and bias) with LLaMA's names
+        return [
+            Tensor(f"{norm}.{kind}", (h,), count, "norms")
+            for norm, count in (
+                ("input_layernorm", L),
+                ("post_attention_layernorm", L),
+                ("norm", one),
+            )
+            for kind in ("weight", "bias")
+        ]
     if spec.norms.kind == "layernorm":  # weight and bias, GPT-2's names
         return [
             Tensor(f"{norm}.{kind}", (h,), count, "norms")
             for norm, count in (("ln_1", L), ("ln_2", L), ("ln_f", one))
             for kind in ("weight", "bias")
+        ]
+    if spec.norms.placement == "post":  # OLMo-2: after attention and after the MLP
+        return [
+            Tensor("post_attention_layernorm.weight", (h,), L, "norms"),
+            Tensor("post_feedforward_layernorm.weight", (h,), L, "norms"),
+            Tensor("norm.weight", (h,), one, "norms"),
         ]
     return [
         Tensor("input_layernorm.weight", (h,), L, "norms"),

@@ -516,7 +516,12 @@ GPT2 = Reader(
 ``summary_*`` keys configure the double-heads model's classifier, not the causal LM."""
 
 
-READERS: Mapping[str, Reader] = {r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2)}
+# The newer decoders' readers live in their own module, which imports the classes above.
+from vrammath.readers_decoders import DECODER_READERS  # noqa: E402
+
+READERS: Mapping[str, Reader] = {
+    r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2, *DECODER_READERS)
+}
 """The reader of each supported ``model_type``."""
 
 MODEL_TYPES: tuple[str, ...] = tuple(sorted(READERS))

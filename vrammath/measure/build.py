@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from vrammath.errors import InputError, one_of
+from vrammath.measure.build_decoders import MODEL_TYPES as DECODER_TYPES
+from vrammath.measure.build_decoders import decoder_class, decoder_config
 from vrammath.model import ModelSpec, from_hf_config
 
 if TYPE_CHECKING:
@@ -77,7 +79,9 @@ def hf_config(
     if attention not in ATTENTIONS:
         raise one_of("attention", attention, ATTENTIONS)
     n_layers = spec.layers if layers is None else layers
-    if spec.model_type == "gpt2":
+    if spec.model_type in DECODER_TYPES:
+        cfg = decoder_config(spec, n_layers)
+    elif spec.model_type == "gpt2":
         cfg = transformers.GPT2Config(
             n_embd=spec.hidden,
             n_layer=n_layers,
@@ -131,11 +135,14 @@ def build_model(
     import transformers
 
     cfg = hf_config(spec, attention=attention, layers=layers, gelu=gelu)
-    cls = {
-        "gpt2": transformers.GPT2LMHeadModel,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
-    }.get(spec.model_type, transformers.LlamaForCausalLM)
+    if spec.model_type in DECODER_TYPES:
+        cls = decoder_class(spec)
+    else:
+        cls = {
+            "gpt2": transformers.GPT2LMHeadModel,
+            "qwen2": transformers.Qwen2ForCausalLM,
+            "mistral": transformers.MistralForCausalLM,
+        }.get(spec.model_type, transformers.LlamaForCausalLM)
     model = cls._from_config(cfg, dtype=param_dtype(precision))
     model.train()
     return model
