@@ -37,6 +37,7 @@ PRESETS = {
     "phi-3-medium": (13_960_238_080, "14"),
     "phi-4": (14_659_507_200, "14.7"),
     "olmo-2-7b": (7_298_617_344, "7.3"),
+    "starcoder2-15b": (15_655_899_136, "15"),  # the card's "15B" cuts 15.66B
 }
 
 
@@ -47,7 +48,9 @@ def test_presets_exact_and_published(name: str, total: int, card: str) -> None:
     count = param_count(spec)
     assert count == total
     decimals = len(card.split(".")[1]) if "." in card else 0
-    assert f"{count / 1e9:.{decimals}f}" == card
+    unit = 10 ** (9 - decimals)
+    cut = f"{count // unit / 10**decimals:.{decimals}f}"
+    assert card in {f"{count / 1e9:.{decimals}f}", cut}
 
 
 def test_phi_3_mini_is_the_published_3_82b() -> None:
@@ -110,11 +113,21 @@ def test_starcoder2_reader() -> None:
     assert spec.tied_embeddings
     names = {t.name for t in tensors(spec)}
     assert {"mlp.c_fc.bias", "input_layernorm.bias", "self_attn.o_proj.bias"} <= names
-    for key in ("attention_dropout", "residual_dropout", "embedding_dropout"):
-        with pytest.raises(InputError, match=key):
-            from_hf_config(cfg("starcoder2", **{key: 0.1}))
+    drop = from_hf_config(
+        cfg("starcoder2", attention_dropout=0.1, residual_dropout=0.2, embedding_dropout=0.3)
+    )
+    assert drop.attention.dropout == 0.1
+    assert (drop.attention.output_dropout, drop.mlp.dropout) == (0.2, 0.2)
+    assert drop.embeddings.dropout == 0.3
+    with pytest.raises(InputError, match="residual_dropout"):
+        from_hf_config(cfg("starcoder2", residual_dropout=1.5))
     with pytest.raises(InputError, match="hidden_act"):
         from_hf_config(cfg("starcoder2", hidden_act="gelu_new"))
+    with pytest.raises(InputError, match="norm_type"):
+        from_hf_config(cfg("starcoder2", norm_type="rms_norm"))
+    spec15 = load_model("starcoder2-15b")
+    assert spec15.sliding_window == 4096
+    assert spec15.attention.dropout == 0.1
 
 
 def test_qk_norm_terms() -> None:
@@ -149,6 +162,21 @@ def test_starcoder2_plain_mlp_terms() -> None:
     assert terms["norms"] == 2 * (2 * s * b * h + 4 * b * s)
 
 
+def test_starcoder2_dropout_terms() -> None:
+    spec = from_hf_config(
+        cfg("starcoder2", attention_dropout=0.1, residual_dropout=0.1, embedding_dropout=0.1)
+    )
+    plain = from_hf_config(cfg("starcoder2"))
+    extra = hf_layer_bytes(spec, "eager", "bf16") - hf_layer_bytes(plain, "eager", "bf16")
+    # CUDA: a bool mask per dropout; the dropped-out probabilities beside the softmax output
+    assert sympy.expand(extra - (a * s**2 * b + 2 * s * b * h)) == 0
+    assert hf_activation_terms(spec)["embedding_dropout"] == s * b * h
+    with pytest.raises(InputError, match="sdpa with dropout"):
+        hf_layer_terms(spec, "sdpa", "bf16", device="cpu")
+    with pytest.raises(InputError, match="autocast with dropout"):
+        hf_layer_terms(spec, "eager", "autocast-bf16")
+
+
 def test_lora_fused_targets() -> None:
     phi3 = from_hf_config(cfg("phi3"))
     mods = [(m.module, m.in_features, m.out_features) for m in adapted_linears(phi3, "q,k,v,o")]
@@ -173,3 +201,4 @@ def test_kv_cache_per_token() -> None:
     assert kv_bytes_per_token(load_model("qwen3-8b")) == 2 * 36 * 8 * 128 * 2
     assert kv_bytes_per_token(load_model("phi-3-mini")) == 2 * 32 * 32 * 96 * 2
     assert kv_bytes_per_token(load_model("olmo-2-7b")) == 2 * 32 * 32 * 128 * 2
+    assert kv_bytes_per_token(load_model("starcoder2-15b")) == 2 * 40 * 4 * 128 * 2

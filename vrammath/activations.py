@@ -469,16 +469,27 @@ def hf_layer_terms(
     if spec.attention.fused_qkv:  # GPT-2's block (Conv1D c_attn, dropout everywhere)
         return gpt2_layer_terms(spec, attention, precision, gelu=gelu, device=device)
     _check("attention", attention, ATTENTIONS)
+    _check("device", device, DEVICES)
     c, autocast = _precision(precision)
+    _check_dropout(spec, attention, precision, device)
     sb = s * b
     norms = 2 * _norm_kept(spec, precision, device)
     mlp_linears = 2 if spec.mlp.gated else 1  # the linears reading the MLP's input
     inputs = 3 * 2 * sb * h + mlp_linears * 2 * sb * h if autocast else 2 * c * sb * h
     kv_heads = a_kv if attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM else a
     qkv = c * sb * d * (a + 2 * kv_heads)
-    scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b if attention == "eager" else 4 * a * s * b
-    output = c * sb * a * d
+    M = _dropout_mask_bytes(c, device)
+    if attention == "sdpa":
+        scores = 4 * a * s * b
+    elif (
+        spec.attention.dropout > 0
+    ):  # softmax output, dropout's mask, the dropped-out probabilities
+        scores = (4 + M + c) * a * s**2 * b
+    else:
+        scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b
+    output = c * sb * a * d + (M * sb * h if spec.attention.output_dropout > 0 else 0)
     mlp = 4 * c * sb * I if spec.mlp.gated else _plain_mlp_kept(spec, c)
+    mlp += M * sb * h if spec.mlp.dropout > 0 else 0
     n_mlp = 3 if spec.mlp.gated else 2
     casts = 2 * (2 * h * a * d + 2 * h * a_kv * d + n_mlp * h * I) if autocast else sympy.Integer(0)
     terms = {
@@ -532,14 +543,25 @@ def qk_norm_bytes(spec: ModelSpec, precision: str = "bf16") -> sympy.Expr:
 
 
 def _plain_mlp_kept(spec: ModelSpec, c: int) -> sympy.Expr:
-    """A plain GeLU MLP without dropout (StarCoder2): the activation's kept tensors
-    (:data:`GELU_KEPT`) and its output, ``c_proj``'s input."""
+    """A plain GeLU MLP (StarCoder2): the activation's kept tensors (:data:`GELU_KEPT`) and its
+    output, ``c_proj``'s input (a dropout mask after ``c_proj`` is added by the caller)."""
     _check("mlp.activation", spec.mlp.activation, tuple(GELU_KEPT))
-    if spec.mlp.dropout:
-        raise InputError(
-            "mlp.dropout", "must be 0 for a plain MLP outside GPT-2", got=spec.mlp.dropout
-        )
     return (GELU_KEPT[spec.mlp.activation] + 1) * c * s * b * I
+
+
+def _check_dropout(spec: ModelSpec, attention: str, precision: str, device: str) -> None:
+    """Dropout outside GPT-2 (StarCoder2) is derived for pure precisions, and SDPA on CUDA only."""
+    p = (spec.embeddings.dropout, spec.attention.dropout, spec.attention.output_dropout)
+    if not any(x > 0 for x in (*p, spec.mlp.dropout)):
+        return
+    if precision.startswith("autocast"):
+        raise InputError("precision", "autocast with dropout is not derived", got=precision)
+    if device == "cpu" and attention == "sdpa" and spec.attention.dropout > 0:
+        raise InputError(
+            "attention",
+            "sdpa with dropout runs PyTorch's fp32 math kernel on a CPU; only eager is derived there",
+            got=attention,
+        )
 
 
 def _decoder_part_terms(
@@ -768,6 +790,9 @@ def hf_activation_terms(
     ['final_norm', 'head_input', 'head_weight_cast', 'layers', 'logits_loss', 'rope']
     """
     _check("recompute", recompute, HF_RECOMPUTE)
+    if recompute == "full" and not spec.attention.fused_qkv:
+        # the attention kernel's tensors are recomputed: only autocast is refused with dropout
+        _check_dropout(spec, "eager", precision, device)
     c, autocast = _precision(precision)
     res = _residual_bytes(precision)
     sb = s * b

@@ -516,11 +516,11 @@ GPT2 = Reader(
 ``summary_*`` keys configure the double-heads model's classifier, not the causal LM."""
 
 
-# The newer decoders' readers live in their own module, which imports the classes above.
-from vrammath.readers_decoders import DECODER_READERS  # noqa: E402
+# The newer decoders' readers live in their own module; it uses the classes above when called.
+from vrammath.readers_decoders import decoder_readers  # noqa: E402
 
 READERS: Mapping[str, Reader] = {
-    r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2, *DECODER_READERS)
+    r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2, *decoder_readers())
 }
 """The reader of each supported ``model_type``."""
 

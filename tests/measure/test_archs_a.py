@@ -94,6 +94,19 @@ SMALL: dict[str, dict[str, Any]] = {
         "vocab_size": 131,
         "tie_word_embeddings": True,
     },
+    "starcoder2-dropout": {
+        "model_type": "starcoder2",
+        "hidden_size": 60,
+        "intermediate_size": 92,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 5,
+        "num_key_value_heads": 1,
+        "vocab_size": 131,
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.1,
+        "residual_dropout": 0.1,
+        "embedding_dropout": 0.1,
+    },
     "starcoder2-gqa": {
         "model_type": "starcoder2",
         "hidden_size": 72,
@@ -105,7 +118,15 @@ SMALL: dict[str, dict[str, Any]] = {
     },
 }
 
-PRESETS = ("qwen3-8b", "qwen3-32b", "phi-3-mini", "phi-3-medium", "phi-4", "olmo-2-7b")
+PRESETS = (
+    "qwen3-8b",
+    "qwen3-32b",
+    "phi-3-mini",
+    "phi-3-medium",
+    "phi-4",
+    "olmo-2-7b",
+    "starcoder2-15b",
+)
 
 
 def _hf_count(spec: Any) -> int:
@@ -139,6 +160,10 @@ def test_small_activations_are_exact(
     """Everything kept at the end of forward (layers, RoPE, final norm, logits and loss)."""
     cfg = SMALL[name]
     spec = from_hf_config(cfg)
+    if spec.attention.dropout and (attention == "sdpa" and recompute == "none"):
+        pytest.skip("sdpa with dropout runs the fp32 math kernel on a CPU (refused there)")
+    if spec.attention.dropout and precision.startswith("autocast"):
+        pytest.skip("autocast with dropout is not derived (refused)")
     result = measure_training_step(
         cfg,
         batch=3,

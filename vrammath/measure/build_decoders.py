@@ -43,6 +43,9 @@ def decoder_config(spec: ModelSpec, layers: int) -> Any:
         return transformers.Phi3Config(**common, sliding_window=spec.sliding_window)
     return transformers.Starcoder2Config(
         **common,
+        embedding_dropout=spec.embeddings.dropout,
+        attention_dropout=spec.attention.dropout,
+        residual_dropout=spec.mlp.dropout,
         use_bias=spec.qkv_bias,
         sliding_window=spec.sliding_window,
         hidden_act=spec.mlp.activation,
