@@ -8,9 +8,9 @@ import sympy
 from vrammath.activations import hf_activation_terms, hf_layer_bytes, hf_layer_terms, qk_norm_bytes
 from vrammath.errors import InputError
 from vrammath.inference import kv_bytes_per_token
+from vrammath.lora import adapted_linears, lora_param_count
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values, tensors
-from vrammath.peft import adapted_linears, lora_param_count
 from vrammath.presets import load_model
 from vrammath.symbols import I, a, a_kv, b, d, h, s
 

@@ -20,11 +20,11 @@ from vrammath.activations import (  # noqa: E402
     Precision,
     hf_activation_bytes,
 )
+from vrammath.lora import lora_param_count  # noqa: E402
 from vrammath.measure import measure_training_step  # noqa: E402
 from vrammath.measure.build import build_model  # noqa: E402
 from vrammath.model import from_hf_config  # noqa: E402
 from vrammath.params import param_count, size_values  # noqa: E402
-from vrammath.peft import lora_param_count  # noqa: E402
 from vrammath.presets import load_model  # noqa: E402
 from vrammath.symbols import b, s  # noqa: E402
 
