@@ -590,12 +590,14 @@ def _checkpoint_masks(spec: ModelSpec, attention: Attention, res: int) -> sympy.
     return window_reached() * s**2 if n != 0 else sympy.Integer(0)
 
 
-GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 6}
+GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 7}
 """I-sized tensors each GeLU variant of transformers keeps for backward (besides its output).
 
 ``gelu`` and ``gelu_pytorch_tanh`` are single PyTorch ops that keep their input; ``gelu_new`` (GPT-2's
 config) is written in Python, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, and autograd keeps
-x, the tanh output, 0.5x and 1 + tanh (measured); ``gelu_fast`` is derived the same way, not measured.
+x, the tanh output, 0.5x and 1 + tanh (measured); ``gelu_fast``,
+``0.5 x (1 + tanh(0.79788456 x (1 + 0.044715 x x)))``, keeps x, 0.044715x, 0.79788456x, the
+inner sum, the tanh output, 0.5x and 1 + tanh (measured with GPT-NeoX).
 """
 
 

@@ -621,8 +621,14 @@ GEMMA2 = Reader(
         "hidden_activation": "mlp.activation",
         "hidden_act": "mlp.activation (when hidden_activation is absent)",
     },
-    # query_pre_attn_scalar sets the scores' scale, a number; cache_implementation is serving's
-    harmless=(*_DECODER_HARMLESS, "query_pre_attn_scalar", "cache_implementation"),
+    # query_pre_attn_scalar sets the scores' scale, a number; cache_implementation is serving's;
+    # sliding_window_size is a legacy copy of sliding_window that transformers 5 never reads
+    harmless=(
+        *_DECODER_HARMLESS,
+        "cache_implementation",
+        "query_pre_attn_scalar",
+        "sliding_window_size",
+    ),
     parts=_gemma2,
 )
 
@@ -707,9 +713,13 @@ GPT_NEOX = Reader(
         "hidden_act": "mlp.activation",
         "use_parallel_residual": "norms.parallel_residual",
     },
-    # rotary_emb_base is RoPE's base; classifier_dropout belongs to the classification heads
+    # rotary_emb_base is RoPE's base; classifier_dropout belongs to the classification heads;
+    # attention_probs_dropout_prob / hidden_dropout_prob (GPT-NeoX-20B's file) are BERT-style
+    # names GPTNeoXConfig never reads (its dropouts are attention_dropout and hidden_dropout)
     harmless=(
+        "attention_probs_dropout_prob",
         "classifier_dropout",
+        "hidden_dropout_prob",
         "is_decoder",
         "layer_norm_eps",
         "rope_scaling",

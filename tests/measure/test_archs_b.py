@@ -100,6 +100,28 @@ ARCHS: dict[str, dict[str, Any]] = {
         "sliding_window": 16,
         "query_pre_attn_scalar": 20,
     },
+    # parallel residual, rotary 3 of 12 dimensions, gelu_fast (GPT-NeoX-20B's), odd sizes
+    "neox-parallel": {
+        "model_type": "gpt_neox",
+        "hidden_size": 72,
+        "intermediate_size": 200,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "vocab_size": 999,
+        "rotary_pct": 0.25,
+        "hidden_act": "gelu_fast",
+    },
+    # sequential residual, untied, plain GeLU, rotary 8 of 16
+    "neox-sequential": {
+        "model_type": "gpt_neox",
+        "hidden_size": 80,
+        "intermediate_size": 136,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 5,
+        "vocab_size": 777,
+        "rotary_pct": 0.5,
+        "use_parallel_residual": False,
+    },
 }
 
 EAGER_ONLY = {"gemma2-odd"}  # transformers' SDPA refuses attention softcapping
@@ -128,3 +150,21 @@ def test_arch_activations_are_exact(
     if attention == "sdpa" and config in EAGER_ONLY:
         pytest.skip("transformers runs this architecture with eager attention only")
     _check(ARCHS[config], 3, seq, precision, attention, recompute)
+
+
+@pytest.mark.parametrize(
+    ("preset", "count"),
+    [
+        ("gemma-2-9b", 9_241_705_984),
+        ("gemma-2-27b", 27_227_128_320),
+        ("gpt-neox-20b", 20_554_567_680),
+    ],
+)
+def test_preset_param_count_equals_transformers(preset: str, count: int) -> None:
+    from vrammath.measure.build import build_model
+    from vrammath.params import param_count
+
+    spec = as_spec(preset)
+    with torch.device("meta"):
+        model = build_model(spec, precision="bf16", attention="eager")
+    assert param_count(spec) == sum(p.numel() for p in model.parameters()) == count
