@@ -47,16 +47,16 @@ def test_gemma2_preset_parts() -> None:
     att = spec.attention
     assert (att.head_dim, att.softcap, att.sliding_window) == (256, 50.0, 4096)
     assert (att.window_layers, att.last_layer_slides) == (21, False)  # 42 layers alternate
-    assert spec.embeddings.logit_softcap == 30.0 and spec.embeddings.tied
-    assert spec.norms.placement == "sandwich" and spec.norms.unit_offset
+    assert (spec.embeddings.logit_softcap, spec.embeddings.tied) == (30.0, True)
+    assert (spec.norms.placement, spec.norms.unit_offset) == ("sandwich", True)
     assert spec.warnings == ()
 
 
 def test_gpt_neox_preset_parts() -> None:
     spec = load_model("gpt-neox-20b")
-    assert spec.attention.rotary_dim == 24 and spec.attention.fused_qkv
-    assert spec.norms.parallel_residual and spec.norms.kind == "layernorm"
-    assert spec.mlp.activation == "gelu_fast" and not spec.mlp.gated
+    assert (spec.attention.rotary_dim, spec.attention.fused_qkv) == (24, True)
+    assert (spec.norms.parallel_residual, spec.norms.kind) == (True, "layernorm")
+    assert (spec.mlp.activation, spec.mlp.gated) == ("gelu_fast", False)
     assert spec.warnings == ()
 
 
