@@ -549,6 +549,74 @@ def _softcap(k: Keys, key: str, default: float | None) -> float | None:
     return float(value)
 
 
+def _gemma(k: Keys) -> Parts:
+    """Gemma (v1): Gemma-2's parts without sandwich norms, softcaps or sliding windows."""
+    hidden = k.size("hidden_size")
+    heads = k.size("num_attention_heads")
+    activation = k.raw("hidden_act", "gelu_pytorch_tanh")
+    if activation not in GEMMA_ACTIVATIONS:
+        raise one_of("hidden_act", activation, GEMMA_ACTIVATIONS)
+    # GemmaConfig replaces the legacy "gelu" of the official releases by the tanh approximation
+    activation = "gelu_pytorch_tanh"
+    if k.probability("attention_dropout", 0.0) != 0:
+        raise InputError(
+            "attention_dropout",
+            "must be 0.0 (dropout on attention probabilities is not modelled)",
+            got=k.raw("attention_dropout"),
+        )
+    bidirectional = k.raw("use_bidirectional_attention", False)
+    if bidirectional is not False:
+        raise InputError(
+            "use_bidirectional_attention",
+            "must be false or null (causal decoders only)",
+            got=bidirectional,
+        )
+    bias = k.flag("attention_bias", False)
+    embeddings = Embeddings(
+        vocab=k.size("vocab_size"),
+        hidden=hidden,
+        tied=k.flag("tie_word_embeddings", True),
+        learned_positions=False,
+        max_positions=k.size("max_position_embeddings", 8192),
+        scaled=True,
+    )
+    attention = Attention(
+        heads=heads,
+        kv_heads=_kv_heads(k, "num_key_value_heads", heads),
+        head_dim=k.size("head_dim", 256),
+        qkv_bias=bias,
+        o_bias=bias,
+    )
+    mlp = MLP(
+        intermediate=k.size("intermediate_size"), gated=True, activation=activation, bias=False
+    )
+    norms = Norms(kind="rmsnorm", unit_offset=True)
+    return k.size("num_hidden_layers"), embeddings, attention, mlp, norms
+
+
+GEMMA = Reader(
+    "gemma",
+    keys={
+        "hidden_size": "embeddings.hidden",
+        "vocab_size": "embeddings.vocab",
+        "tie_word_embeddings": "embeddings.tied",
+        "max_position_embeddings": "embeddings.max_positions",
+        "num_hidden_layers": "layers",
+        "num_attention_heads": "attention.heads",
+        "num_key_value_heads": "attention.kv_heads",
+        "head_dim": "attention.head_dim",
+        "attention_bias": "attention.qkv_bias, attention.o_bias",
+        "attention_dropout": "attention.dropout (0 only)",
+        "use_bidirectional_attention": "(false or null only)",
+        "intermediate_size": "mlp.intermediate",
+        "hidden_act": "mlp.activation (gelu means gelu_pytorch_tanh)",
+    },
+    # hidden_activation is in some Gemma files; GemmaConfig 5.x reads hidden_act only
+    harmless=(*_DECODER_HARMLESS, "hidden_activation"),
+    parts=_gemma,
+)
+
+
 def _gemma2(k: Keys) -> Parts:
     hidden = k.size("hidden_size")
     heads = k.size("num_attention_heads")
@@ -732,7 +800,7 @@ GPT_NEOX = Reader(
 
 
 READERS: Mapping[str, Reader] = {
-    r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2, GEMMA2, GPT_NEOX)
+    r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2, GEMMA, GEMMA2, GPT_NEOX)
 }
 """The reader of each supported ``model_type``."""
 

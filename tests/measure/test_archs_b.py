@@ -100,6 +100,19 @@ ARCHS: dict[str, dict[str, Any]] = {
         "sliding_window": 16,
         "query_pre_attn_scalar": 20,
     },
+    # Gemma (v1): MQA, head_dim 24 != 88 / 4, legacy "gelu", untied
+    "gemma-mqa": {
+        "model_type": "gemma",
+        "hidden_size": 88,
+        "intermediate_size": 150,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 24,
+        "vocab_size": 555,
+        "hidden_act": "gelu",
+        "tie_word_embeddings": False,
+    },
     # parallel residual, rotary 3 of 12 dimensions, gelu_fast (GPT-NeoX-20B's), odd sizes
     "neox-parallel": {
         "model_type": "gpt_neox",

@@ -128,6 +128,10 @@ def hf_config(
                 attn_logit_softcapping=spec.attention.softcap,
                 final_logit_softcapping=spec.embeddings.logit_softcap,
             )
+        elif spec.model_type == "gemma":
+            cfg = transformers.GemmaConfig(
+                **common, hidden_act=spec.mlp.activation, attention_bias=spec.qkv_bias
+            )
         elif spec.model_type == "qwen2":
             # the spec's window layers are the top ones, as max_window_layers places them
             n_window = spec.attention.window_layers if spec.sliding_window is not None else 0
@@ -178,6 +182,7 @@ def build_model(
         "gpt2": transformers.GPT2LMHeadModel,
         "qwen2": transformers.Qwen2ForCausalLM,
         "mistral": transformers.MistralForCausalLM,
+        "gemma": transformers.GemmaForCausalLM,
         "gemma2": transformers.Gemma2ForCausalLM,
         "gpt_neox": transformers.GPTNeoXForCausalLM,
     }.get(spec.model_type, transformers.LlamaForCausalLM)
