@@ -34,6 +34,7 @@ SMALL_GEMMA2 = {
         ("gemma-2-9b", 9_241_705_984, "9.24"),  # model card, billions
         ("gemma-2-27b", 27_227_128_320, "27.2"),
         ("gpt-neox-20b", 20_554_567_680, "20.55"),  # Black et al. 2022
+        ("gemma-3-27b-text", 27_009_346_304, "27.0"),  # the card's 27.4B adds the vision tower
     ],
 )
 def test_preset_param_counts(preset: str, exact: int, published: str) -> None:
@@ -167,3 +168,34 @@ def test_gemma2_estimate_runs_with_eager() -> None:
     assert est.gpu_bytes > param_count(spec) * 16  # mixed-precision AdamW states and more
     with pytest.raises(InputError, match="attn_logit_softcapping"):
         vm.estimate(vm.Setup(spec, attention="sdpa"))
+
+
+def test_gemma3_preset_parts() -> None:
+    spec = load_model("gemma-3-27b-text")
+    att = spec.attention
+    # one global layer in six: layers 5, 11, ..., 59 are global, the top one (61) slides
+    assert (att.window_layers, att.last_layer_slides, att.sliding_window) == (52, True, 1024)
+    assert (att.qk_norm, att.softcap, spec.embeddings.logit_softcap) == (True, None, None)
+    assert spec.vocab == 262208
+    assert spec.warnings == ()
+
+
+def test_gemma_v1_reads_legacy_gelu_as_tanh() -> None:
+    spec = from_hf_config(
+        {
+            "model_type": "gemma",
+            "hidden_size": 88,
+            "intermediate_size": 150,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 24,
+            "vocab_size": 555,
+            "hidden_act": "gelu",
+        }
+    )
+    assert (spec.mlp.activation, spec.norms.unit_offset, spec.norms.placement) == (
+        "gelu_pytorch_tanh",
+        True,
+        "pre",
+    )

@@ -505,6 +505,11 @@ def hf_layer_terms(
     sb = s * b
     n_norms = 4 if spec.norms.placement == "sandwich" else 2
     norms = n_norms * (_unit_offset_norm_kept() if offset else _norm_kept(spec, precision, device))
+    if spec.attention.qk_norm:
+        if not offset:
+            raise InputError("attention.qk_norm", "is derived for Gemma's norms only", got=True)
+        # Gemma-3: the same fp32 norm over head_dim, per query and per KV head
+        norms += (a + a_kv) * (8 * sb * d + 4 * b * s) + 2 * 4 * d
     inputs = 3 * 2 * sb * h + 2 * 2 * sb * h if autocast else 2 * c * sb * h
     kv_heads = a_kv if attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM else a
     masked = sliding and attention == "sdpa"
@@ -875,6 +880,10 @@ def hf_activation_terms(
         # a partial table has 2 ceil(r / 2) columns: the frequencies of every other dimension, twice
         width = d if rotary is None else 2 * (-(-rotary // 2))
         terms["rope"] = 2 * s * width * res
+        n_win = _window_layer_count(spec)
+        if spec.attention.qk_norm and n_win not in (0, L):
+            # Gemma-3: a second (cos, sin) pair with the sliding layers' own base
+            terms["rope"] *= 2
     if spec.embeddings.dropout > 0:
         terms["embedding_dropout"] = _dropout_mask_bytes(c, device) * sb * h
     if learned:

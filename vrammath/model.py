@@ -68,7 +68,8 @@ class Attention:
     them (the layer whose backward starts first, which sets the phase peaks). ``softcap``: the
     scores pass through ``cap * tanh(scores / cap)`` (Gemma-2's ``attn_logit_softcapping``).
     ``rotary_dim``: the head dimensions RoPE rotates when not all of them (GPT-NeoX's
-    ``rotary_pct``), None for all. ``dropout`` is on the attention probabilities,
+    ``rotary_pct``), None for all. ``qk_norm``: Q and K are normalised per head before RoPE
+    (Gemma-3), with the model's norm kind. ``dropout`` is on the attention probabilities,
     ``output_dropout`` after the output projection.
 
     >>> Attention(heads=64, kv_heads=8, head_dim=128, qkv_bias=True, o_bias=False).kind
@@ -86,6 +87,7 @@ class Attention:
     last_layer_slides: bool = True
     softcap: float | None = None
     rotary_dim: int | None = None
+    qk_norm: bool = False
     dropout: float = 0.0
     output_dropout: float = 0.0
 

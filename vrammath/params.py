@@ -137,6 +137,11 @@ def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
         ]
     if att.o_bias:
         out.append(Tensor("self_attn.o_proj.bias", (h,), L, "attention"))
+    if att.qk_norm:  # one weight of head_dim each, shared by the heads
+        out += [
+            Tensor("self_attn.q_norm.weight", (d,), L, "norms"),
+            Tensor("self_attn.k_norm.weight", (d,), L, "norms"),
+        ]
     return out
 
 

@@ -617,7 +617,33 @@ GEMMA = Reader(
 )
 
 
+def _gemma3_text(k: Keys) -> Parts:
+    """Gemma-3's text decoder: Gemma-2's parts with q/k norms, no softcaps by default, and one
+    global layer in ``sliding_window_pattern`` (6)."""
+    layers = k.size("num_hidden_layers")
+    pattern = k.size("sliding_window_pattern", 6)
+    default = [bool((i + 1) % pattern) for i in range(layers)]
+    # Gemma3TextConfig's default vocabulary (the 27B file relies on it)
+    return _gemma2_like(
+        k, default, qk_norm=True, caps=(None, None), max_positions=131072, vocab=262208
+    )
+
+
 def _gemma2(k: Keys) -> Parts:
+    layers = k.size("num_hidden_layers")
+    default = [bool((i + 1) % 2) for i in range(layers)]
+    return _gemma2_like(k, default, qk_norm=False, caps=(30.0, 50.0), max_positions=8192, vocab=...)
+
+
+def _gemma2_like(
+    k: Keys,
+    default_slides: list[bool],
+    *,
+    qk_norm: bool,
+    caps: tuple[float | None, float | None],
+    max_positions: int,
+    vocab: object,
+) -> Parts:
     hidden = k.size("hidden_size")
     heads = k.size("num_attention_heads")
     layers = k.size("num_hidden_layers")
@@ -637,17 +663,17 @@ def _gemma2(k: Keys) -> Parts:
             "must be false or null (causal decoders only)",
             got=bidirectional,
         )
-    slides = _layer_pattern(k, layers, [bool((i + 1) % 2) for i in range(layers)])
+    slides = _layer_pattern(k, layers, default_slides)
     window = k.size("sliding_window", 4096) if any(slides) else None
     bias = k.flag("attention_bias", False)
     embeddings = Embeddings(
-        vocab=k.size("vocab_size"),
+        vocab=k.size("vocab_size", vocab),
         hidden=hidden,
         tied=k.flag("tie_word_embeddings", True),
         learned_positions=False,
-        max_positions=k.size("max_position_embeddings", 8192),
+        max_positions=k.size("max_position_embeddings", max_positions),
         scaled=True,
-        logit_softcap=_softcap(k, "final_logit_softcapping", 30.0),
+        logit_softcap=_softcap(k, "final_logit_softcapping", caps[0]),
     )
     attention = Attention(
         heads=heads,
@@ -658,7 +684,8 @@ def _gemma2(k: Keys) -> Parts:
         sliding_window=window,
         window_layers=sum(slides),
         last_layer_slides=slides[-1],
-        softcap=_softcap(k, "attn_logit_softcapping", 50.0),
+        softcap=_softcap(k, "attn_logit_softcapping", caps[1]),
+        qk_norm=qk_norm,
     )
     mlp = MLP(
         intermediate=k.size("intermediate_size"), gated=True, activation=str(activation), bias=False
@@ -698,6 +725,18 @@ GEMMA2 = Reader(
         "sliding_window_size",
     ),
     parts=_gemma2,
+)
+
+GEMMA3_TEXT = Reader(
+    "gemma3_text",
+    keys={
+        **GEMMA2.keys,
+        "sliding_window_pattern": "attention.window_layers (one global layer in this many)",
+        "layer_types": "attention.window_layers, attention.last_layer_slides (overrides the pattern)",
+    },
+    # rope_local_base_freq is the sliding layers' RoPE base: a second (s, d) table, counted
+    harmless=(*GEMMA2.harmless, "rope_local_base_freq"),
+    parts=_gemma3_text,
 )
 
 
@@ -800,7 +839,7 @@ GPT_NEOX = Reader(
 
 
 READERS: Mapping[str, Reader] = {
-    r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2, GEMMA, GEMMA2, GPT_NEOX)
+    r.model_type: r for r in (GPT2, LLAMA, MISTRAL, QWEN2, GEMMA, GEMMA2, GEMMA3_TEXT, GPT_NEOX)
 }
 """The reader of each supported ``model_type``."""
 

@@ -100,6 +100,19 @@ ARCHS: dict[str, dict[str, Any]] = {
         "sliding_window": 16,
         "query_pre_attn_scalar": 20,
     },
+    # Gemma-3: q/k norms, one global layer in 3 (layers 0, 1, 3 slide), head_dim 20, sdpa allowed
+    "gemma3-odd": {
+        "model_type": "gemma3_text",
+        "hidden_size": 72,
+        "intermediate_size": 130,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 20,
+        "vocab_size": 999,
+        "sliding_window": 16,
+        "sliding_window_pattern": 3,
+    },
     # Gemma (v1): MQA, head_dim 24 != 88 / 4, legacy "gelu", untied
     "gemma-mqa": {
         "model_type": "gemma",
@@ -171,6 +184,7 @@ def test_arch_activations_are_exact(
         ("gemma-2-9b", 9_241_705_984),
         ("gemma-2-27b", 27_227_128_320),
         ("gpt-neox-20b", 20_554_567_680),
+        ("gemma-3-27b-text", 27_009_346_304),
     ],
 )
 def test_preset_param_count_equals_transformers(preset: str, count: int) -> None:

@@ -128,6 +128,16 @@ def hf_config(
                 attn_logit_softcapping=spec.attention.softcap,
                 final_logit_softcapping=spec.embeddings.logit_softcap,
             )
+        elif spec.model_type == "gemma3_text":
+            cfg = transformers.Gemma3TextConfig(
+                **common,
+                hidden_activation=spec.mlp.activation,
+                attention_bias=spec.qkv_bias,
+                sliding_window=spec.sliding_window,
+                layer_types=_gemma2_layer_types(spec, n_layers),
+                attn_logit_softcapping=spec.attention.softcap,
+                final_logit_softcapping=spec.embeddings.logit_softcap,
+            )
         elif spec.model_type == "gemma":
             cfg = transformers.GemmaConfig(
                 **common, hidden_act=spec.mlp.activation, attention_bias=spec.qkv_bias
@@ -153,14 +163,16 @@ def hf_config(
 
 
 def _gemma2_layer_types(spec: ModelSpec, n_layers: int) -> list[str]:
-    """Alternating sliding/global layers with the spec's count and top layer (Gemma-2's order)."""
-    kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    """Layer kinds with the spec's count of sliding layers and its top layer's kind.
+
+    The memory depends on the count and on the top layer only, so the sliding layers are put
+    at the top when the top one slides, else at the bottom.
+    """
     n_window = spec.attention.window_layers if spec.sliding_window is not None else 0
-    if n_window in (0, spec.layers):
-        return ["sliding_attention" if n_window else "full_attention"] * n_layers
-    if spec.attention.last_layer_slides != (kinds[-1] == "sliding_attention"):
-        kinds = kinds[::-1]
-    return kinds
+    n_window = min(n_window, n_layers)
+    top = spec.attention.last_layer_slides
+    slides = [(i >= n_layers - n_window) if top else (i < n_window) for i in range(n_layers)]
+    return ["sliding_attention" if x else "full_attention" for x in slides]
 
 
 def build_model(
@@ -184,6 +196,7 @@ def build_model(
         "mistral": transformers.MistralForCausalLM,
         "gemma": transformers.GemmaForCausalLM,
         "gemma2": transformers.Gemma2ForCausalLM,
+        "gemma3_text": transformers.Gemma3ForCausalLM,
         "gpt_neox": transformers.GPTNeoXForCausalLM,
     }.get(spec.model_type, transformers.LlamaForCausalLM)
     model = cls._from_config(cfg, dtype=param_dtype(precision))
