@@ -6,7 +6,8 @@
 a ``TorchDispatchMode`` that logs every storage an op creates (its bytes) and the moment the
 storage dies (a weak reference on the storage, as PyTorch's ``MemTracker`` does). Parameters,
 buffers and the input ids are logged first, in the order the model holds them, as phase
-``setup``. The log (:class:`vrammath.allocator.Event`, stream 0) replays through
+``setup``; a zero-byte allocation marks the start of every phase. The log
+(:class:`vrammath.allocator.Event`, stream 0) replays through
 :func:`vrammath.allocator.predict`.
 
 What a CPU log cannot match on CUDA: CPU kernels stand in for CUDA ones (attention kernels keep
@@ -81,6 +82,7 @@ class _PhaseMarks:
     @contextlib.contextmanager
     def phase(self, record: dict[str, Any], name: str, fill: str) -> Iterator[None]:
         self.recorder.phase = name
+        self.recorder.mark()
         yield
         record[name] = {}
 
@@ -112,6 +114,12 @@ def _recorder_class() -> Any:
             self.ids[storage] = sid
             self.events.append(Event(self.op, "alloc", int(storage.nbytes()), sid, 0, self.phase))
             weakref.finalize(storage, self._freed, sid).atexit = False
+
+        def mark(self) -> None:
+            # a zero-byte allocation (CUDA hands out no memory for it) marks the phase's start,
+            # so that a phase without allocations still starts its peaks in the replay
+            self.events.append(Event(self.op, "alloc", 0, self.next_id, 0, self.phase))
+            self.next_id += 1
 
         def _freed(self, sid: int) -> None:
             if self.active:
