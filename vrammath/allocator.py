@@ -40,28 +40,25 @@ Examples
 >>> r.requested_peak, r.allocated_peak, r.reserved_peak // 2**20
 (3145828, 3146240, 22)
 
-Parameters
-==========
-
-Constants mirror ``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch, read at commit
-001074d25084fdb87a799823e395a50f5ec044d3: ``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``,
-``kMinLargeAlloc``, ``kRoundLarge`` near the top of the file and ``kLargeBuffer`` in the
-``cuda::CUDACachingAllocator`` namespace; ``round_size``, ``get_allocation_size``,
-``should_split``, ``get_free_block``, ``free_block``, ``try_merge_blocks`` in
-``DeviceCachingAllocator``).
-
 See Also
 ========
 
-vrammath.measure.allocator_events.record_training_step : the event log of a fake training step.
+vrammath.measure.allocator_events.record_training_step : the log of a fake training step.
 
 References
 ==========
 
 .. [1] PyTorch, "CUDA semantics: memory management",
    https://pytorch.org/docs/stable/notes/cuda.html#memory-management
-.. [2] pytorch/pytorch, ``c10/cuda/CUDACachingAllocator.cpp`` and
-   ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (workspace sizes, commit 26a39059ec58).
+.. [2] pytorch/pytorch, ``c10/cuda/CUDACachingAllocator.cpp`` at commit
+   001074d25084fdb87a799823e395a50f5ec044d3: ``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``,
+   ``kMinLargeAlloc``, ``kRoundLarge`` near the top of the file, ``kLargeBuffer`` in the
+   ``cuda::CUDACachingAllocator`` namespace; ``round_size``, ``get_allocation_size``,
+   ``should_split``, ``get_free_block``, ``free_block``, ``try_merge_blocks`` in
+   ``DeviceCachingAllocator``.
+.. [3] pytorch/pytorch, ``aten/src/ATen/cuda/CublasHandlePool.cpp`` at commit
+   26a39059ec580351411f180816c47e2ef5134ae1: ``parseChosenWorkspaceSize`` (cuBLAS workspace per
+   handle and stream, through the caching allocator), ``parseCUDABlasLtWorkspaceSize``.
 """
 
 from __future__ import annotations
@@ -282,7 +279,8 @@ def replay(events: Iterable[Event]) -> Replay:
     Parameters
     ==========
 
-    events : the log, in order; a free names a storage allocated earlier and not yet freed.
+    events : iterable of Event
+        The log, in order; a free names a storage allocated earlier and not yet freed.
     """
     state = _Allocator()
     peak = [0, 0, 0]
@@ -419,9 +417,12 @@ def predict(
     Parameters
     ==========
 
-    events : the recorded log (phases ``forward`` and ``backward`` place the workspaces).
-    gpu : a :class:`~vrammath.presets.GPU` preset; ``None`` leaves workspaces and context out.
-    handles : cuBLAS handles that run (1: forward only, 2: forward and backward threads).
+    events : sequence of Event
+        The recorded log (its phases ``forward`` and ``backward`` place the workspaces).
+    gpu : GPU or None
+        A :class:`~vrammath.presets.GPU` preset; ``None`` leaves workspaces and context out.
+    handles : 1 or 2
+        cuBLAS handles that run (1: the forward's thread only, 2: and autograd's thread).
     """
     if handles not in (1, 2):
         raise InputError("handles", "must be 1 or 2", got=handles)
