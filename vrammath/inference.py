@@ -454,7 +454,7 @@ class ServeEstimate:
 
     @property
     def total_with_reserve_bytes(self) -> int:
-        """Weights + constants + KV cache + the runtime reserve: all of the GPU the server takes."""
+        """All of the GPU the server takes (weights + constants + KV cache + the runtime reserve)."""
         return self.total_bytes + self.reserve_bytes
 
     def as_dict(self) -> dict[str, object]:
