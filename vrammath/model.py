@@ -26,7 +26,7 @@ Examples
 >>> from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of gpt2, llama, mistral, qwen2 (got 'mixtral')
+vrammath.errors.InputError: model_type: must be one of gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, qwen2 (got 'mixtral')
 """
 
 from __future__ import annotations
