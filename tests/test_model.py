@@ -93,7 +93,7 @@ def test_attention_bias_llama() -> None:
         ),
         (
             {"model_type": "bert"},
-            "model_type: must be one of gpt2, llama, mistral, olmo2, phi3, qwen2, qwen3, starcoder2 (got 'bert')",
+            "model_type: must be one of gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi3, qwen2, qwen3, starcoder2 (got 'bert')",
         ),
         (
             {"num_local_experts": 8},

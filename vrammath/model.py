@@ -12,7 +12,7 @@ Formulas read the part they depend on (``spec.mlp.gated``, ``spec.norms.kind``,
 ``spec.embeddings.learned_positions``), never the architecture's name. Each Hugging Face
 ``model_type`` has one reader in :mod:`vrammath.readers` that maps its config keys to these parts;
 :func:`from_hf_config` dispatches to it. A key that changes memory and is not modelled is refused
-with an :class:`InputError`; a key no reader knows is reported in :attr:`ModelSpec.warnings`.
+with an :class:`InputError`; a key no reader knows is reported in ``ModelSpec.warnings``.
 
 Examples
 ========
@@ -26,7 +26,7 @@ Examples
 >>> from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of gpt2, llama, mistral, olmo2, phi3, qwen2, qwen3, starcoder2 (got 'mixtral')
+vrammath.errors.InputError: model_type: must be one of gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, olmo2, phi3, qwen2, qwen3, starcoder2 (got 'mixtral')
 """
 
 from __future__ import annotations
@@ -38,14 +38,16 @@ from typing import Literal
 AttentionKind = Literal["MHA", "GQA", "MQA"]
 NormKind = Literal["rmsnorm", "layernorm"]
 QKNorm = Literal["none", "head", "projection"]
-NormPlacement = Literal["pre", "post"]
+NormPlacement = Literal["pre", "sandwich", "post"]
 
 
 @dataclass(frozen=True)
 class Embeddings:
     """The token embedding (``vocab`` x ``hidden``), learned positions, and the LM head's tie.
 
-    ``dropout`` is the probability applied to the embedding output (GPT-2's ``embd_pdrop``).
+    ``dropout`` is the probability applied to the embedding output (GPT-2's ``embd_pdrop``);
+    ``scaled``: the embedding output is multiplied by sqrt(hidden) (Gemma); ``logit_softcap``:
+    the logits pass through ``cap * tanh(logits / cap)`` (Gemma-2's ``final_logit_softcapping``).
     """
 
     vocab: int
@@ -54,6 +56,8 @@ class Embeddings:
     learned_positions: bool
     max_positions: int
     dropout: float = 0.0
+    scaled: bool = False
+    logit_softcap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,15 @@ class Attention:
     ``fused_qkv``: Q, K and V come from one projection (GPT-2's ``c_attn``, a ``Conv1D``).
     ``fused_qkv_linear``: Q, K and V come from one ``nn.Linear`` (Phi-3's ``qkv_proj``).
     ``qk_norm``: an RMSNorm on the queries and keys before RoPE, over each head (``head``:
-    Qwen3) or over the whole projection (``projection``: OLMo-2), or ``none``.
+    Qwen3, Gemma-3 with the model's norm kind) or over the whole projection (``projection``:
+    OLMo-2), or ``none``.
     ``rope_fp32``: RoPE's cos and sin stay fp32 (OLMo-2 does not cast them to the activations').
     ``sliding_window``: the window in tokens, with ``window_layers`` layers using it (the rest
-    attend to the whole sequence). ``dropout`` is on the attention probabilities,
+    attend to the whole sequence); ``last_layer_slides`` says whether the top layer is one of
+    them (the layer whose backward starts first, which sets the phase peaks). ``softcap``: the
+    scores pass through ``cap * tanh(scores / cap)`` (Gemma-2's ``attn_logit_softcapping``).
+    ``rotary_dim``: the head dimensions RoPE rotates when not all of them (GPT-NeoX's
+    ``rotary_pct``), None for all. ``dropout`` is on the attention probabilities,
     ``output_dropout`` after the output projection.
 
     >>> Attention(heads=64, kv_heads=8, head_dim=128, qkv_bias=True, o_bias=False).kind
@@ -81,6 +90,9 @@ class Attention:
     fused_qkv: bool = False
     sliding_window: int | None = None
     window_layers: int = 0
+    last_layer_slides: bool = True
+    softcap: float | None = None
+    rotary_dim: int | None = None
     dropout: float = 0.0
     output_dropout: float = 0.0
     fused_qkv_linear: bool = False
@@ -116,15 +128,18 @@ class MLP:
 class Norms:
     """The normalisation layers: ``rmsnorm`` (weight) or ``layernorm`` (weight and bias).
 
-    ``placement`` is where each block's norm sits (``pre``: before attention and before the MLP;
-    ``post``: on the output of attention and of the MLP, before the residual add, as OLMo-2);
-    ``parallel_residual`` would add attention and MLP to the same residual (GPT-NeoX).
-    ``weight_fp32``: the RMSNorm weight multiplies the fp32 normalised tensor before the cast back
-    (OLMo-2), rather than the tensor cast back first (LLaMA).
+    ``placement`` is where each block's norms sit (``pre``: before attention and before the MLP;
+    ``sandwich``: Gemma-2's four, before and after each of them; ``post``: on the output of
+    attention and of the MLP, before the residual add, as OLMo-2); ``unit_offset``: the norm
+    computes in fp32 and scales by ``1 + weight`` (Gemma); ``parallel_residual`` would add
+    attention and MLP to the same residual (GPT-NeoX). ``weight_fp32``: the RMSNorm weight
+    multiplies the fp32 normalised tensor before the cast back (OLMo-2), rather than the tensor
+    cast back first (LLaMA).
     """
 
     kind: NormKind
     placement: NormPlacement = "pre"
+    unit_offset: bool = False
     parallel_residual: bool = False
     weight_fp32: bool = False
 

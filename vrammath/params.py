@@ -34,11 +34,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 
 import sympy
 
 from vrammath.model import ModelSpec
-from vrammath.symbols import I, L, V, a, a_kv, d, h, n_pos
+from vrammath.symbols import I, L, V, a, a_kv, d, h, n_pos, w_win
 
 COMPONENTS = ("embedding", "positions", "attention", "mlp", "norms", "head")
 
@@ -65,7 +66,7 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
     >>> size_values(load_model("llama-7b"))[d]
     128
     """
-    return {
+    values = {
         h: spec.hidden,
         I: spec.intermediate,
         L: spec.layers,
@@ -75,6 +76,9 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
         V: spec.vocab,
         n_pos: spec.max_positions,
     }
+    if spec.sliding_window is not None and spec.attention.window_layers:
+        values[w_win] = spec.sliding_window  # the activations of windowed layers depend on it
+    return values
 
 
 def tensors(spec: ModelSpec) -> list[Tensor]:
@@ -102,6 +106,15 @@ def tensors(spec: ModelSpec) -> list[Tensor]:
 def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
     att = spec.attention
     out: list[Tensor] = []
+    if att.fused_qkv and not spec.embeddings.learned_positions:
+        # GPT-NeoX: one nn.Linear (out, in) = (3h, h) for q, k, v, then "dense"
+        out.append(Tensor("attention.query_key_value.weight", (3 * h, h), L, "attention"))
+        if att.qkv_bias:
+            out.append(Tensor("attention.query_key_value.bias", (3 * h,), L, "attention"))
+        out.append(Tensor("attention.dense.weight", (h, h), L, "attention"))
+        if att.o_bias:
+            out.append(Tensor("attention.dense.bias", (h,), L, "attention"))
+        return out
     if att.fused_qkv:
         # GPT-2 keeps q, k, v in one Conv1D (in, out) = (h, 3h); its heads are MHA with a d = h
         out.append(Tensor("attn.c_attn.weight", (h, 3 * h), L, "attention"))
@@ -135,7 +148,7 @@ def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
 
 
 def _qk_norm_tensors(spec: ModelSpec) -> list[Tensor]:
-    """RMSNorm weights on queries and keys: per head (d: Qwen3) or per projection (OLMo-2)."""
+    """Norm weights on queries and keys: per head (d: Qwen3, Gemma-3) or per projection (OLMo-2)."""
     if spec.attention.qk_norm == "head":
         return [
             Tensor("self_attn.q_norm.weight", (d,), L, "norms"),
@@ -150,6 +163,15 @@ def _qk_norm_tensors(spec: ModelSpec) -> list[Tensor]:
 
 
 def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
+    if not spec.mlp.gated and spec.attention.fused_qkv and not spec.embeddings.learned_positions:
+        # GPT-NeoX: nn.Linear dense_h_to_4h (I, h) and dense_4h_to_h (h, I)
+        out = [Tensor("mlp.dense_h_to_4h.weight", (I, h), L, "mlp")]
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.dense_h_to_4h.bias", (I,), L, "mlp"))
+        out.append(Tensor("mlp.dense_4h_to_h.weight", (h, I), L, "mlp"))
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.dense_4h_to_h.bias", (h,), L, "mlp"))
+        return out
     if not spec.mlp.gated and not spec.attention.fused_qkv:
         # StarCoder2's plain MLP: nn.Linear c_fc (I, h) and c_proj (h, I)
         out = [Tensor("mlp.c_fc.weight", (I, h), L, "mlp")]
@@ -195,14 +217,14 @@ def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
 
 def _norm_tensors(spec: ModelSpec) -> list[Tensor]:
     one = sympy.Integer(1)
-    if spec.norms.kind == "layernorm" and not spec.attention.fused_qkv:
-        # StarCoder2: LayerNorm (weight and bias) with LLaMA's names
+    if spec.norms.kind == "layernorm" and not spec.embeddings.learned_positions:
+        # GPT-NeoX (fused QKV) and StarCoder2: LayerNorm (weight and bias) with LLaMA's names
         return [
             Tensor(f"{norm}.{kind}", (h,), count, "norms")
             for norm, count in (
                 ("input_layernorm", L),
                 ("post_attention_layernorm", L),
-                ("norm", one),
+                ("final_layer_norm" if spec.attention.fused_qkv else "norm", one),
             )
             for kind in ("weight", "bias")
         ]
@@ -218,9 +240,18 @@ def _norm_tensors(spec: ModelSpec) -> list[Tensor]:
             Tensor("post_feedforward_layernorm.weight", (h,), L, "norms"),
             Tensor("norm.weight", (h,), one, "norms"),
         ]
+    sandwich = (
+        [
+            Tensor("pre_feedforward_layernorm.weight", (h,), L, "norms"),
+            Tensor("post_feedforward_layernorm.weight", (h,), L, "norms"),
+        ]
+        if spec.norms.placement == "sandwich"
+        else []
+    )
     return [
         Tensor("input_layernorm.weight", (h,), L, "norms"),
         Tensor("post_attention_layernorm.weight", (h,), L, "norms"),
+        *sandwich,
         Tensor("norm.weight", (h,), one, "norms"),
     ]
 
@@ -240,8 +271,14 @@ def param_total_expr(spec: ModelSpec) -> sympy.Expr:
 
 def param_counts(spec: ModelSpec) -> dict[str, int]:
     """Exact numeric parameter count per component."""
-    values = size_values(spec)
-    return {name: int(expr.subs(values)) for name, expr in param_exprs(spec).items()}
+    return dict(_param_counts(spec))
+
+
+@cache
+def _param_counts(spec: ModelSpec) -> tuple[tuple[str, int], ...]:
+    # a spec is frozen and hashable; its counts are asked for many times per estimate
+    values = {k: sympy.Integer(v) for k, v in size_values(spec).items()}
+    return tuple((name, int(expr.xreplace(values))) for name, expr in param_exprs(spec).items())
 
 
 def param_count(spec: ModelSpec) -> int:
