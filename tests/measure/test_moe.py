@@ -1,0 +1,165 @@
+"""Mixture-of-experts and latent attention against transformers 5.24 itself (``measure``).
+
+* parameter counts equal ``sum(p.numel() for p in model.parameters())`` on the meta device, for
+  every MoE preset (DeepSeek-V3 included);
+* DeepSeek-V3's cache holds the compressed latent and the RoPE key (``kv_lora_rank +
+  qk_rope_head_dim`` elements per token and layer), as :func:`vrammath.inference.kv_cache_bytes`;
+* the memory a training forward keeps does not depend on how tokens are routed (MemTracker on
+  real bf16 tensors, two router initialisations and correction biases, the routing checked to
+  differ), for transformers' grouped-matmul experts and for its per-expert loop.
+
+bf16 throughout: the grouped matmul (``torch._grouped_mm``) takes bf16 inputs only, so its fp32
+memory cannot be counted here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from vrammath.inference import kv_cache_bytes  # noqa: E402
+from vrammath.model import from_hf_config  # noqa: E402
+from vrammath.params import param_count  # noqa: E402
+from vrammath.presets import load_model  # noqa: E402
+
+pytestmark = [
+    pytest.mark.measure,
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
+
+MODELS = Path(__file__).resolve().parents[2] / "conf" / "models"
+# keys of the Hub files that are not transformers config fields (remote code, fp8 storage)
+_NOT_CONFIG = ("auto_map", "quantization_config", "architectures", "model_type")
+
+
+def _hf_config(cfg: dict[str, Any]) -> Any:
+    kwargs = {k: v for k, v in cfg.items() if k not in _NOT_CONFIG}
+    return transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "name", ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"]
+)
+def test_parameter_count_equals_transformers_on_meta(name: str) -> None:
+    cfg = json.loads((MODELS / f"{name}.json").read_text())
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(_hf_config(cfg))
+    assert sum(p.numel() for p in model.parameters()) == param_count(load_model(name))
+
+
+TINY: dict[str, dict[str, Any]] = {
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+    },
+    "qwen3_moe": {
+        "head_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    },
+    "deepseek_v3": {
+        "num_key_value_heads": 4,
+        "moe_intermediate_size": 32,
+        "kv_lora_rank": 16,
+        "q_lora_rank": 24,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 8,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+    },
+}
+
+
+def _tiny(model_type: str) -> dict[str, Any]:
+    return {
+        "model_type": model_type,
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        **TINY[model_type],
+    }
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_tiny_configs_count_exactly(model_type: str) -> None:
+    cfg = _tiny(model_type)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(_hf_config(cfg))
+    assert sum(p.numel() for p in model.parameters()) == param_count(from_hf_config(cfg))
+
+
+def test_deepseek_v3_caches_the_compressed_latent() -> None:
+    cfg = _tiny("deepseek_v3")
+    model = transformers.AutoModelForCausalLM.from_config(_hf_config(cfg)).eval()
+    batch, tokens = 2, 5
+    with torch.no_grad():
+        out = model(torch.randint(0, 128, (batch, tokens)), use_cache=True)
+    layers = out.past_key_values.layers
+    held = sum(t.numel() * t.element_size() for lay in layers for t in (lay.keys, lay.values))
+    # one-head "keys" = the latent (kv_lora_rank), "values" = the RoPE key (qk_rope_head_dim)
+    assert [tuple(lay.keys.shape) for lay in layers] == [(batch, 1, tokens, 16)] * 2
+    assert [tuple(lay.values.shape) for lay in layers] == [(batch, 1, tokens, 8)] * 2
+    spec = from_hf_config(cfg)
+    assert held == kv_cache_bytes(spec, batch, tokens, "fp32")
+
+
+def _forward_memory(model_type: str, seed: int, bias: float, implementation: str) -> Any:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    torch.manual_seed(seed)
+    hf = _hf_config(_tiny(model_type))
+    hf._attn_implementation = "sdpa"
+    hf._experts_implementation = implementation
+    hf.use_cache = False
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).train()
+    routes: list[Any] = []
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):  # DeepSeek's routing bias
+                n = module.e_score_correction_bias.numel()
+                module.e_score_correction_bias.add_(bias * torch.arange(n))
+            if type(module).__name__.endswith(("TopKRouter", "TopkRouter")):
+                module.weight.normal_(0, 1.0)
+                module.register_forward_hook(lambda _m, _i, out: routes.append(out[2]))
+    ids = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        out = model(input_ids=ids, labels=ids)
+        snapshot = tracker.get_tracker_snapshot("current")
+        out.loss.backward()
+    (per_kind,) = snapshot.values()
+    kept = {str(k).rsplit(".", 1)[-1]: v for k, v in per_kind.items()}
+    load = torch.bincount(torch.cat([r.reshape(-1) for r in routes]), minlength=8)
+    return kept, load
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "eager"])
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_kept_memory_does_not_depend_on_routing(model_type: str, implementation: str) -> None:
+    one, load_one = _forward_memory(model_type, 0, 0.0, implementation)
+    two, load_two = _forward_memory(model_type, 1, 0.5, implementation)
+    assert not torch.equal(load_one, load_two)  # the tokens went to other experts
+    assert one == two
+    assert one["ACT"] > 0
