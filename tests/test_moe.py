@@ -91,7 +91,8 @@ def test_first_k_dense_and_sparse_step_layers() -> None:
     assert spec.experts.layers[:3] == (5, 7, 9)  # odd indices, minus 1 and 3
     assert len(spec.experts.layers) == 22
     dense = from_hf_config({**q, "mlp_only_layers": list(range(48))})
-    assert dense.experts is not None and dense.experts.layers == ()
+    assert dense.experts is not None
+    assert dense.experts.layers == ()
     # all dense: the count is a dense Qwen3 with q/k norms and zero experts
     assert param_counts(dense)["experts"] == 0
 

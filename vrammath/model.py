@@ -157,6 +157,9 @@ class Experts:
     router_fp32: bool = False
     norm_topk: bool = False
     scoring: Scoring = "softmax"
+    groups: int = 1
+    groups_chosen: int = 1
+    """DeepSeek-V3's group-limited routing: ``n_group`` groups, ``topk_group`` of them chosen."""
 
     @property
     def active_fraction(self) -> Fraction:

@@ -164,6 +164,56 @@ def param_summary(spec: ModelSpec) -> dict[str, int]:
     }
 
 
+def moe_mlp_kept_bytes(spec: ModelSpec, batch: int, seq: int) -> dict[str, int]:
+    """Bytes one MoE layer's MLP keeps for backward in transformers 5.24 (bf16 model, the
+    grouped-matmul experts), by part: the block's input excluded, its output included.
+
+    With ``N = b s`` tokens and ``S = N k`` routed rows:
+
+    * ``router``: fp32 routing probabilities ``4 N E`` (softmax; DeepSeek's sigmoid scores, after
+      an fp32 copy of the input ``4 N h``: its group selection keeps nothing, as no gradient
+      flows through it), the top-k indices ``8 N k``, and with ``norm_topk`` the normalised
+      weights and their sum ``4 N k + 4 N``;
+    * ``experts``: three int64 permutations ``24 S`` (gather index, sort order, inverse), the
+      ``4 E`` offsets, the gathered rows ``2 S h``, the gate/up output ``4 S I_e``, SiLU and
+      product ``2 S I_e`` each, the down output ``2 S h``, and the sorted routing weights ``S``
+      times 4 (fp32: Mixtral, DeepSeek) or 2 (bf16: Qwen);
+    * ``shared``: four ``N I_s`` bf16 tensors of the shared MLP; Qwen2-MoE's sigmoid gate
+      adds its output ``2 N`` and the shared output it scales ``2 N h``;
+    * ``output``: the combined ``2 N h``.
+
+    None of these depends on which experts the tokens go to: the grouped matmul sees ``S`` rows
+    in all (tests/measure/test_moe.py measures two routings). Attention (MLA included) and the
+    norms are not here.
+
+    >>> from vrammath.presets import load_model
+    >>> kept = moe_mlp_kept_bytes(load_model("mixtral-8x7b"), 1, 4096)
+    >>> {part: round(n / 2**20, 2) for part, n in kept.items()}  # MiB per MoE layer
+    {'router': 0.23, 'experts': 1024.22, 'shared': 0.0, 'output': 32.0}
+    """
+    ex = spec.experts
+    if ex is None:
+        raise InputError("model", "has no experts", got=spec.name)
+    n, hid, e, k = batch * seq, spec.hidden, ex.count, ex.top_k
+    rows = n * k
+    router = 4 * n * e + 8 * n * k + ((4 * n * k + 4 * n) if ex.norm_topk else 0)
+    if ex.scoring == "sigmoid":  # DeepSeek-V3's router runs on an fp32 copy of its input
+        router += 4 * n * hid
+    weight_bytes = 2 if spec.model_type in ("qwen2_moe", "qwen3_moe") else 4
+    experts = (
+        24 * rows
+        + 4 * e
+        + 2 * rows * hid
+        + 8 * rows * ex.intermediate
+        + weight_bytes * rows
+        + 2 * rows * hid
+    )
+    shared = 8 * n * ex.shared_intermediate
+    if ex.shared_gate:
+        shared += 2 * n + 2 * n * hid
+    return {"router": router, "experts": experts, "shared": shared, "output": 2 * n * hid}
+
+
 def check_ep(spec: ModelSpec, ep: int, gpus: int) -> None:
     """``ep`` must divide the routed experts and the data-parallel ``gpus``.
 
@@ -262,6 +312,7 @@ __all__ = [
     "ep_state_bytes",
     "ep_state_exprs",
     "expert_param_expr",
+    "moe_mlp_kept_bytes",
     "mtp_param_count",
     "param_summary",
     "router_buffer_count",

@@ -686,6 +686,8 @@ def _deepseek_v3_extra(k: Keys) -> Extra:
         router_fp32=True,
         norm_topk=k.flag("norm_topk_prob", True),
         scoring="sigmoid",
+        groups=groups,
+        groups_chosen=chosen,
     )
     q_rank = k.size("q_lora_rank") if k.has("q_lora_rank") else None
     latent = LatentAttention(

@@ -14,7 +14,9 @@ memory cannot be counted here.
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +165,41 @@ def test_kept_memory_does_not_depend_on_routing(model_type: str, implementation:
     assert not torch.equal(load_one, load_two)  # the tokens went to other experts
     assert one == two
     assert one["ACT"] > 0
+
+
+def _block_kept(model_type: str, tokens: int, top_k: int) -> tuple[int, int]:
+    """What autograd still holds after one MoE block's forward (each storage once, parameters
+    and the block's input excluded) plus its output, and vrammath's figure."""
+    from vrammath.moe import moe_mlp_kept_bytes
+
+    cfg = {**_tiny(model_type), "num_experts_per_tok": top_k}
+    hf = _hf_config(cfg)
+    hf._experts_implementation = "grouped_mm"
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).train()
+    block = model.model.layers[1].mlp  # layer 1 is a MoE layer in every tiny config
+    x = torch.randn(1, tokens, 64, dtype=torch.bfloat16, requires_grad=True)
+    skip = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    skip.add(x.untyped_storage().data_ptr())
+    refs: list[Any] = []
+
+    def pack(tensor: Any) -> Any:
+        refs.append(weakref.ref(tensor))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = block(x)
+    gc.collect()  # graph nodes no gradient reaches (DeepSeek's group choice) free what they saved
+    alive = {}
+    for ref in refs:
+        tensor = ref()
+        if tensor is not None and tensor.untyped_storage().data_ptr() not in skip:
+            alive[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    kept = sum(alive.values()) + out.numel() * out.element_size()
+    return kept, sum(moe_mlp_kept_bytes(from_hf_config(cfg), 1, tokens).values())
+
+
+@pytest.mark.parametrize(("tokens", "top_k"), [(128, 1), (256, 2), (96, 3)])
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_moe_block_kept_bytes_exact(model_type: str, tokens: int, top_k: int) -> None:
+    measured, predicted = _block_kept(model_type, tokens, top_k)
+    assert measured == predicted
