@@ -221,3 +221,24 @@ def test_ep_must_divide_experts_and_gpus() -> None:
 def test_training_estimate_of_moe_is_refused_in_one_line() -> None:
     with pytest.raises(InputError, match=r"^model: training estimates of deepseek_v3 need"):
         vm.estimate(Setup(load_model("deepseek-v3")))
+
+
+def test_moe_activations_compose_and_refuse_what_is_not_derived() -> None:
+    from vrammath.activations import hf_activation_bytes, hf_layer_terms
+    from vrammath.moe import moe_mlp_kept_exprs
+    from vrammath.symbols import L, L_e
+
+    spec = load_model("mixtral-8x7b")
+    dense = hf_layer_terms(spec, "sdpa", "bf16")
+    moe = moe_mlp_kept_exprs(spec)
+    layer = sum(dense.values()) - dense["mlp"] + moe["router"] + moe["experts"] + moe["shared"]
+    total = hf_activation_bytes(spec, "sdpa", "bf16")
+    # the same model with dense layers: its non-layer terms are the MoE model's
+    rest = hf_activation_bytes(load_model("mistral-7b-v0.3"), "sdpa", "bf16")
+    assert sympy.expand(total.subs(L_e, L) - L * layer - (rest - L * sum(dense.values()))) == 0
+    with pytest.raises(InputError, match=r"^model: activations of qwen3_moe need q/k-norm"):
+        hf_activation_bytes(load_model("qwen3-30b-a3b"))
+    with pytest.raises(InputError, match=r"^model: activations of deepseek_v3 need latent"):
+        hf_activation_bytes(load_model("deepseek-v3"))
+    with pytest.raises(InputError, match=r"^precision: MoE activations are derived"):
+        hf_activation_bytes(spec, "sdpa", "fp32")

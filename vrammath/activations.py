@@ -696,6 +696,8 @@ def hf_activation_terms(
             layers += res * b * s**2
         if not spec.embeddings.learned_positions:  # ... and RoPE's (1, s) int64 position ids
             layers += 8 * s
+    elif spec.experts is not None:
+        layers = _moe_layers_bytes(spec, attention, precision, device)
     else:
         layers = L * hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device)
     terms: dict[str, sympy.Expr] = {"layers": layers}
@@ -713,6 +715,42 @@ def hf_activation_terms(
     terms["head_weight_cast"] = 2 * V * h if autocast else sympy.Integer(0)
     terms["logits_loss"] = hf_logits_loss_bytes(spec, precision)
     return {k: sympy.expand(v) for k, v in terms.items()}
+
+
+# --- mixture-of-experts layers (vrammath.moe) ---------------------------------------------------
+
+MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe")
+"""MoE model types whose whole layer is derived: GQA attention as LLaMA's, MoE MLP measured."""
+
+
+def _moe_layers_bytes(
+    spec: ModelSpec, attention: Attention, precision: Precision, device: Literal["cuda", "cpu"]
+) -> sympy.Expr:
+    """``L - L_e`` dense layers plus ``L_e`` layers whose SwiGLU term is the MoE block's
+    (:func:`vrammath.moe.moe_mlp_kept_exprs`; the block's output is freed by the residual add)."""
+    from vrammath.moe import moe_mlp_kept_exprs
+    from vrammath.symbols import L_e
+
+    if spec.model_type not in MOE_ACTIVATION_TYPES:
+        missing = "latent attention" if spec.latent is not None else "q/k-norm attention"
+        raise InputError(
+            "model",
+            f"activations of {spec.model_type} need {missing}, not derived yet "
+            f"(derived: {', '.join(MOE_ACTIVATION_TYPES)})",
+            got=spec.name,
+        )
+    if precision != "bf16":
+        raise InputError(
+            "precision",
+            "MoE activations are derived and measured in bf16 only (the grouped matmul takes "
+            "bf16 inputs)",
+            got=precision,
+        )
+    terms = hf_layer_terms(spec, attention, precision, device=device)
+    dense = sum(terms.values(), sympy.Integer(0))
+    moe = moe_mlp_kept_exprs(spec)
+    moe_layer = dense - terms["mlp"] + moe["router"] + moe["experts"] + moe["shared"]
+    return (L - L_e) * dense + L_e * moe_layer
 
 
 def hf_activation_bytes(

@@ -201,9 +201,10 @@ def _check_modelled(setup: Setup) -> None:
         missing = "routed-expert" if spec.experts is not None else "latent-attention"
         raise InputError(
             "model",
-            f"training estimates of {spec.model_type} need {missing} activations, not modelled "
-            "yet (parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
-            "serving: vrammath serve)",
+            f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
+            "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
+            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe; serving: "
+            "vrammath serve)",
             got=spec.name,
         )
 

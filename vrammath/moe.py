@@ -59,7 +59,7 @@ from vrammath.errors import InputError
 from vrammath.model import ModelSpec
 from vrammath.params import param_count, size_values, tensors
 from vrammath.states import RECIPES, recipe
-from vrammath.symbols import E, L, L_e, N_d, P, P_e, k_e, n_ep
+from vrammath.symbols import E, I_e, I_s, L, L_e, N_d, P, P_e, b, h, k_e, n_ep, s
 
 # ZeRO stage from which each model state is sharded (stage 1 shards master and optimizer states)
 _SHARDED_FROM = {"weights": 3, "gradients": 2, "master": 1, "optimizer": 1}
@@ -164,9 +164,10 @@ def param_summary(spec: ModelSpec) -> dict[str, int]:
     }
 
 
-def moe_mlp_kept_bytes(spec: ModelSpec, batch: int, seq: int) -> dict[str, int]:
+def moe_mlp_kept_exprs(spec: ModelSpec) -> dict[str, sympy.Expr]:
     """Bytes one MoE layer's MLP keeps for backward in transformers 5.24 (bf16 model, the
-    grouped-matmul experts), by part: the block's input excluded, its output included.
+    grouped-matmul experts), by part: the block's input excluded (the norm output, kept by the
+    layer's formula), its output listed apart (the residual add frees it in a model).
 
     With ``N = b s`` tokens and ``S = N k`` routed rows:
 
@@ -187,31 +188,36 @@ def moe_mlp_kept_bytes(spec: ModelSpec, batch: int, seq: int) -> dict[str, int]:
     norms are not here.
 
     >>> from vrammath.presets import load_model
-    >>> kept = moe_mlp_kept_bytes(load_model("mixtral-8x7b"), 1, 4096)
-    >>> {part: round(n / 2**20, 2) for part, n in kept.items()}  # MiB per MoE layer
-    {'router': 0.23, 'experts': 1024.22, 'shared': 0.0, 'output': 32.0}
+    >>> moe_mlp_kept_exprs(load_model("mixtral-8x7b"))["experts"]
+    4*E + 8*I_e*b*k_e*s + 4*b*h*k_e*s + 28*b*k_e*s
     """
     ex = spec.experts
     if ex is None:
         raise InputError("model", "has no experts", got=spec.name)
-    n, hid, e, k = batch * seq, spec.hidden, ex.count, ex.top_k
-    rows = n * k
-    router = 4 * n * e + 8 * n * k + ((4 * n * k + 4 * n) if ex.norm_topk else 0)
+    n = s * b
+    rows = n * k_e
+    router = 4 * n * E + 8 * rows + ((4 * rows + 4 * n) if ex.norm_topk else 0)
     if ex.scoring == "sigmoid":  # DeepSeek-V3's router runs on an fp32 copy of its input
-        router += 4 * n * hid
+        router += 4 * n * h
     weight_bytes = 2 if spec.model_type in ("qwen2_moe", "qwen3_moe") else 4
-    experts = (
-        24 * rows
-        + 4 * e
-        + 2 * rows * hid
-        + 8 * rows * ex.intermediate
-        + weight_bytes * rows
-        + 2 * rows * hid
-    )
-    shared = 8 * n * ex.shared_intermediate
+    experts = 24 * rows + 4 * E + 4 * rows * h + 8 * rows * I_e + weight_bytes * rows
+    shared = 8 * n * I_s if ex.shared_intermediate else sympy.Integer(0)
     if ex.shared_gate:
-        shared += 2 * n + 2 * n * hid
-    return {"router": router, "experts": experts, "shared": shared, "output": 2 * n * hid}
+        shared += 2 * n + 2 * n * h
+    out = {"router": router, "experts": experts, "shared": shared, "output": 2 * n * h}
+    return {k: sympy.expand(v) for k, v in out.items()}
+
+
+def moe_mlp_kept_bytes(spec: ModelSpec, batch: int, seq: int) -> dict[str, int]:
+    """:func:`moe_mlp_kept_exprs` evaluated for ``batch`` sequences of ``seq`` tokens.
+
+    >>> from vrammath.presets import load_model
+    >>> kept = moe_mlp_kept_bytes(load_model("mixtral-8x7b"), 1, 4096)
+    >>> {part: round(n / 2**20, 2) for part, n in kept.items()}  # MiB per MoE layer
+    {'router': 0.23, 'experts': 1024.22, 'shared': 0.0, 'output': 32.0}
+    """
+    values = {**_values(spec), b: batch, s: seq}
+    return {k: int(v.subs(values)) for k, v in moe_mlp_kept_exprs(spec).items()}
 
 
 def check_ep(spec: ModelSpec, ep: int, gpus: int) -> None:
@@ -313,6 +319,7 @@ __all__ = [
     "ep_state_exprs",
     "expert_param_expr",
     "moe_mlp_kept_bytes",
+    "moe_mlp_kept_exprs",
     "mtp_param_count",
     "param_summary",
     "router_buffer_count",

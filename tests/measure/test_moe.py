@@ -92,7 +92,7 @@ TINY: dict[str, dict[str, Any]] = {
 def _tiny(model_type: str) -> dict[str, Any]:
     return {
         "model_type": model_type,
-        "vocab_size": 128,
+        "vocab_size": 160,
         "hidden_size": 64,
         "intermediate_size": 96,
         "num_hidden_layers": 2,
@@ -144,7 +144,7 @@ def _forward_memory(model_type: str, seed: int, bias: float, implementation: str
             if type(module).__name__.endswith(("TopKRouter", "TopkRouter")):
                 module.weight.normal_(0, 1.0)
                 module.register_forward_hook(lambda _m, _i, out: routes.append(out[2]))
-    ids = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 160, (2, 64), generator=torch.Generator().manual_seed(0))
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker:
@@ -154,6 +154,8 @@ def _forward_memory(model_type: str, seed: int, bias: float, implementation: str
     (per_kind,) = snapshot.values()
     kept = {str(k).rsplit(".", 1)[-1]: v for k, v in per_kind.items()}
     load = torch.bincount(torch.cat([r.reshape(-1) for r in routes]), minlength=8)
+    # the caller still holds the logits at the snapshot; a training step drops them
+    kept["ACT"] -= out.logits.numel() * out.logits.element_size()
     return kept, load
 
 
@@ -165,6 +167,19 @@ def test_kept_memory_does_not_depend_on_routing(model_type: str, implementation:
     assert not torch.equal(load_one, load_two)  # the tokens went to other experts
     assert one == two
     assert one["ACT"] > 0
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
+def test_whole_model_activations_exact(model_type: str) -> None:
+    from vrammath.activations import hf_activation_bytes
+    from vrammath.params import size_values
+    from vrammath.symbols import b, k_e, s
+
+    kept, _ = _forward_memory(model_type, 0, 0.0, "grouped_mm")
+    spec = from_hf_config(_tiny(model_type))
+    assert spec.experts is not None
+    values = {**size_values(spec), k_e: spec.experts.top_k, b: 2, s: 64}
+    assert kept["ACT"] == hf_activation_bytes(spec, "sdpa", "bf16", device="cpu").subs(values)
 
 
 def _block_kept(model_type: str, tokens: int, top_k: int) -> tuple[int, int]:
