@@ -17,7 +17,7 @@ import sympy
 from vrammath.estimate import Component, Estimate, estimate
 from vrammath.presets import load_model
 from vrammath.setup import Setup
-from vrammath.solve import sweep
+from vrammath.sweep import sweep
 from vrammath.symbols import N_d, b, s
 
 POINTS = 10**6

@@ -92,6 +92,31 @@ class Estimate:
         return self._total("gpu", STATE_GROUPS)
 
     @property
+    def states_plus_gathered_bytes(self) -> int:
+        """Model states plus the ZeRO-3 layers gathered in flight on one GPU (no activations):
+        what must fit before a single activation is kept.
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))
+        >>> est.states_plus_gathered_bytes - est.model_state_bytes == est.component("gathered").bytes
+        True
+        """
+        gathered = [c.bytes for c in self.components if c.key == "gathered" and c.bytes]
+        return self.model_state_bytes + sum(gathered)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activations, logits and loss buffers kept for backward on one GPU (the ``A`` of the
+        phase peaks; the peak adds other terms, see :attr:`phases`).
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), seq_len=2048))
+        >>> est.activation_bytes == sum(est.component(k).bytes for k in ("activations", "logits_loss"))
+        True
+        """
+        return self._total("gpu", ("activations",))
+
+    @property
     def gpu_bytes(self) -> int:
         """The peak per GPU, the largest phase of the iteration (what must fit)."""
         return _value(self.gpu_expr(), self.values)

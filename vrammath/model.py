@@ -291,11 +291,6 @@ class ModelSpec:
         """``rmsnorm`` (weight only) or ``layernorm`` (weight and bias)."""
         return self.norms.kind
 
-    @property
-    def family(self) -> Literal["llama", "gpt"]:
-        """Deprecated: read the parts. Kept only for modules not yet moved to them."""
-        return "gpt" if self.model_type == "gpt2" else "llama"
-
 
 def from_hf_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec:
     """Build a :class:`ModelSpec` from a parsed Hugging Face ``config.json``.

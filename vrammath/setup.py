@@ -27,10 +27,10 @@ from dataclasses import dataclass, field, replace
 
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
+from vrammath.lora import adapted_linears, lora_targets
 from vrammath.model import ModelSpec
 from vrammath.moe import check_ep
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
-from vrammath.peft import adapted_linears, lora_targets
 from vrammath.presets import gpu
 from vrammath.vocab import (
     ACTIVATION_MODELS,
@@ -337,7 +337,7 @@ class Setup:
         precision = PRECISION_OF[self.recipe]
         if (
             self.activation_formula == "hf"
-            and self.model.family == "gpt"
+            and self.model.model_type == "gpt2"
             and precision.startswith("autocast")
         ):
             raise InputError(

@@ -71,15 +71,10 @@ from vrammath.activations import (
     activation_exprs,
     korthikanti_first_stage_bytes,
 )
+from vrammath.lora import lora_activation_layer_expr, lora_state_exprs, lora_step_temp_expr
 from vrammath.params import layer_param_expr
 from vrammath.peak import Iteration
-from vrammath.peft import (
-    dequant_buffer_expr,
-    frozen_base_exprs,
-    lora_activation_layer_expr,
-    lora_state_exprs,
-    lora_step_temp_expr,
-)
+from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
 from vrammath.setup import PRECISION_OF, Setup
 from vrammath.states import Recipe, model_state_exprs, optimizer_step_temp_expr, recipe
 from vrammath.symbols import L, N_d, P
@@ -154,7 +149,7 @@ class Context:
 
     @cached_property
     def frozen_base(self) -> dict[str, sympy.Expr]:
-        """The frozen base under LoRA (:func:`vrammath.peft.frozen_base_exprs`)."""
+        """The frozen base under LoRA (:func:`vrammath.quant.frozen_base_exprs`)."""
         quant = self.setup.quant
         return frozen_base_exprs(self.setup.model, quant, self.base_bytes)
 
@@ -165,7 +160,7 @@ class Context:
 
     @cached_property
     def adapter_states(self) -> dict[str, sympy.Expr]:
-        """The adapters' states, fp32 as peft makes them (:func:`vrammath.peft.lora_state_exprs`)."""
+        """The adapters' states, fp32 as peft makes them (:func:`vrammath.lora.lora_state_exprs`)."""
         s = self.setup
         assert s.lora_rank is not None
         return lora_state_exprs(
