@@ -719,8 +719,9 @@ def hf_activation_terms(
 
 # --- mixture-of-experts layers (vrammath.moe) ---------------------------------------------------
 
-MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe")
-"""MoE model types whose whole layer is derived: GQA attention as LLaMA's, MoE MLP measured."""
+MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+"""MoE model types whose whole layer is derived: GQA attention as LLaMA's (with Qwen3's q/k
+norms), MoE MLP measured."""
 
 
 def _moe_layers_bytes(
@@ -732,7 +733,7 @@ def _moe_layers_bytes(
     from vrammath.symbols import L_e
 
     if spec.model_type not in MOE_ACTIVATION_TYPES:
-        missing = "latent attention" if spec.latent is not None else "q/k-norm attention"
+        missing = "latent attention" if spec.latent is not None else "its attention"
         raise InputError(
             "model",
             f"activations of {spec.model_type} need {missing}, not derived yet "
@@ -749,6 +750,8 @@ def _moe_layers_bytes(
     terms = hf_layer_terms(spec, attention, precision, device=device)
     dense = sum(terms.values(), sympy.Integer(0))
     moe = moe_mlp_kept_exprs(spec)
+    if spec.attention.qk_norm:  # per-head RMSNorms on q and k keep what a norm keeps, per head
+        dense += (4 + 2) * s * b * d * (a + a_kv) + 4 * s * b * (a + a_kv)
     moe_layer = dense - terms["mlp"] + moe["router"] + moe["experts"] + moe["shared"]
     return (L - L_e) * dense + L_e * moe_layer
 

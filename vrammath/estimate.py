@@ -228,7 +228,8 @@ def _check_modelled(setup: Setup) -> None:
             "model",
             f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
             "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
-            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe; serving: "
+            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe, qwen3_moe; "
+            "serving: "
             "vrammath serve)",
             got=spec.name,
         )

@@ -169,7 +169,7 @@ def test_kept_memory_does_not_depend_on_routing(model_type: str, implementation:
     assert one["ACT"] > 0
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_whole_model_activations_exact(model_type: str) -> None:
     from vrammath.activations import hf_activation_bytes
     from vrammath.params import size_values
