@@ -229,8 +229,7 @@ def _check_modelled(setup: Setup) -> None:
             f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
             "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
             "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe, qwen3_moe; "
-            "serving: "
-            "vrammath serve)",
+            "serving: vrammath serve)",
             got=spec.name,
         )
 
