@@ -93,8 +93,8 @@ def test_attention_bias_llama() -> None:
         ),
         (
             {"model_type": "bert"},
-            "model_type: must be one of deepseek_v3, gpt2, llama, mistral, mixtral, qwen2, "
-            "qwen2_moe, qwen3_moe (got 'bert')",
+            "model_type: must be one of deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, "
+            "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3_moe (got 'bert')",
         ),
         (
             {"num_local_experts": 8},

@@ -135,7 +135,7 @@ def mla_kv_elements(spec: ModelSpec, *, decompressed: bool = False) -> sympy.Exp
 
 def _window_layers(spec: ModelSpec, window_layers: int | None) -> int:
     if window_layers is None:
-        return spec.layers if spec.sliding_window is not None else 0
+        return spec.attention.window_layers if spec.sliding_window is not None else 0
     if isinstance(window_layers, bool) or not isinstance(window_layers, int):
         raise InputError("window_layers", f"must be an integer 0..{spec.layers}", got=window_layers)
     if not 0 <= window_layers <= spec.layers:
@@ -499,7 +499,7 @@ class ServeEstimate:
 
     @property
     def total_with_reserve_bytes(self) -> int:
-        """Weights + constants + KV cache + the runtime reserve: all of the GPU the server takes."""
+        """All of the GPU the server takes (weights + constants + KV cache + the runtime reserve)."""
         return self.total_bytes + self.reserve_bytes
 
     def as_dict(self) -> dict[str, object]:

@@ -17,7 +17,7 @@ Formulas read the part they depend on (``spec.mlp.gated``, ``spec.norms.kind``,
 ``spec.embeddings.learned_positions``), never the architecture's name. Each Hugging Face
 ``model_type`` has one reader in :mod:`vrammath.readers` that maps its config keys to these parts;
 :func:`from_hf_config` dispatches to it. A key that changes memory and is not modelled is refused
-with an :class:`InputError`; a key no reader knows is reported in :attr:`ModelSpec.warnings`.
+with an :class:`InputError`; a key no reader knows is reported in ``ModelSpec.warnings``.
 
 Examples
 ========
@@ -31,7 +31,7 @@ Examples
 >>> from_hf_config({"model_type": "mamba"})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of deepseek_v3, gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3_moe (got 'mamba')
+vrammath.errors.InputError: model_type: must be one of deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3_moe (got 'mamba')
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ NormKind = Literal["rmsnorm", "layernorm"]
 class Embeddings:
     """The token embedding (``vocab`` x ``hidden``), learned positions, and the LM head's tie.
 
-    ``dropout`` is the probability applied to the embedding output (GPT-2's ``embd_pdrop``).
+    ``dropout`` is the probability applied to the embedding output (GPT-2's ``embd_pdrop``);
+    ``scaled``: the embedding output is multiplied by sqrt(hidden) (Gemma); ``logit_softcap``:
+    the logits pass through ``cap * tanh(logits / cap)`` (Gemma-2's ``final_logit_softcapping``).
     """
 
     vocab: int
@@ -58,6 +60,8 @@ class Embeddings:
     learned_positions: bool
     max_positions: int
     dropout: float = 0.0
+    scaled: bool = False
+    logit_softcap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,12 @@ class Attention:
 
     ``fused_qkv``: Q, K and V come from one projection (GPT-2's ``c_attn``).
     ``sliding_window``: the window in tokens, with ``window_layers`` layers using it (the rest
-    attend to the whole sequence). ``dropout`` is on the attention probabilities,
+    attend to the whole sequence); ``last_layer_slides`` says whether the top layer is one of
+    them (the layer whose backward starts first, which sets the phase peaks). ``softcap``: the
+    scores pass through ``cap * tanh(scores / cap)`` (Gemma-2's ``attn_logit_softcapping``).
+    ``rotary_dim``: the head dimensions RoPE rotates when not all of them (GPT-NeoX's
+    ``rotary_pct``), None for all. ``qk_norm``: Q and K are normalised per head before RoPE
+    (Gemma-3), with the model's norm kind. ``dropout`` is on the attention probabilities,
     ``output_dropout`` after the output projection.
 
     >>> Attention(heads=64, kv_heads=8, head_dim=128, qkv_bias=True, o_bias=False).kind
@@ -81,10 +90,12 @@ class Attention:
     fused_qkv: bool = False
     sliding_window: int | None = None
     window_layers: int = 0
+    last_layer_slides: bool = True
+    softcap: float | None = None
+    rotary_dim: int | None = None
+    qk_norm: bool = False
     dropout: float = 0.0
     output_dropout: float = 0.0
-    qk_norm: bool = False
-    """An RMSNorm over each head of q and of k (Qwen3): two ``head_dim`` weights per layer."""
 
     @property
     def kind(self) -> AttentionKind:
@@ -113,12 +124,15 @@ class MLP:
 class Norms:
     """The normalisation layers: ``rmsnorm`` (weight) or ``layernorm`` (weight and bias).
 
-    ``placement`` is where each block's norm sits (``pre``: before attention and before the MLP);
-    ``parallel_residual`` would add attention and MLP to the same residual (GPT-NeoX).
+    ``placement`` is where each block's norms sit (``pre``: before attention and before the MLP;
+    ``sandwich``: Gemma-2's four, before and after each of them); ``unit_offset``: the norm
+    computes in fp32 and scales by ``1 + weight`` (Gemma); ``parallel_residual`` would add
+    attention and MLP to the same residual (GPT-NeoX).
     """
 
     kind: NormKind
-    placement: Literal["pre"] = "pre"
+    placement: Literal["pre", "sandwich"] = "pre"
+    unit_offset: bool = False
     parallel_residual: bool = False
 
 

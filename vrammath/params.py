@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 
 import sympy
 
@@ -56,6 +57,7 @@ from vrammath.symbols import (
     n_pos,
     r_kv,
     r_q,
+    w_win,
 )
 
 COMPONENTS = ("embedding", "positions", "attention", "mlp", "norms", "head")
@@ -105,6 +107,8 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
         values |= {r_kv: lat.kv_rank, d_n: lat.nope_dim, d_r: lat.rope_dim, d_v: lat.v_dim}
         if lat.q_rank is not None:
             values[r_q] = lat.q_rank
+    if spec.sliding_window is not None and spec.attention.window_layers:
+        values[w_win] = spec.sliding_window  # the activations of windowed layers depend on it
     return values
 
 
@@ -134,6 +138,15 @@ def tensors(spec: ModelSpec) -> list[Tensor]:
 def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
     att = spec.attention
     out: list[Tensor] = []
+    if att.fused_qkv and not spec.embeddings.learned_positions:
+        # GPT-NeoX: one nn.Linear (out, in) = (3h, h) for q, k, v, then "dense"
+        out.append(Tensor("attention.query_key_value.weight", (3 * h, h), L, "attention"))
+        if att.qkv_bias:
+            out.append(Tensor("attention.query_key_value.bias", (3 * h,), L, "attention"))
+        out.append(Tensor("attention.dense.weight", (h, h), L, "attention"))
+        if att.o_bias:
+            out.append(Tensor("attention.dense.bias", (h,), L, "attention"))
+        return out
     if att.fused_qkv:
         # GPT-2 keeps q, k, v in one Conv1D (in, out) = (h, 3h); its heads are MHA with a d = h
         out.append(Tensor("attn.c_attn.weight", (h, 3 * h), L, "attention"))
@@ -159,7 +172,7 @@ def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
         ]
     if att.o_bias:
         out.append(Tensor("self_attn.o_proj.bias", (h,), L, "attention"))
-    if att.qk_norm:
+    if att.qk_norm:  # one weight of head_dim each, shared by the heads
         out += [
             Tensor("self_attn.q_norm.weight", (d,), L, "norms"),
             Tensor("self_attn.k_norm.weight", (d,), L, "norms"),
@@ -197,6 +210,15 @@ def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
             Tensor(f"mlp.{n}.weight", shape, dense, "mlp")
             for n, shape in (("gate_proj", (I, h)), ("up_proj", (I, h)), ("down_proj", (h, I)))
         ]
+    if not spec.mlp.gated and not spec.embeddings.learned_positions:
+        # GPT-NeoX: nn.Linear dense_h_to_4h (I, h) and dense_4h_to_h (h, I)
+        out = [Tensor("mlp.dense_h_to_4h.weight", (I, h), L, "mlp")]
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.dense_h_to_4h.bias", (I,), L, "mlp"))
+        out.append(Tensor("mlp.dense_4h_to_h.weight", (h, I), L, "mlp"))
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.dense_4h_to_h.bias", (h,), L, "mlp"))
+        return out
     if not spec.mlp.gated:
         # the plain MLP we read is GPT-2's: Conv1D c_fc (h, I) and c_proj (I, h)
         out = [Tensor("mlp.c_fc.weight", (h, I), L, "mlp")]
@@ -222,15 +244,34 @@ def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
 
 def _norm_tensors(spec: ModelSpec) -> list[Tensor]:
     one = sympy.Integer(1)
+    if spec.norms.kind == "layernorm" and not spec.embeddings.learned_positions:  # GPT-NeoX's
+        return [
+            Tensor(f"{norm}.{kind}", (h,), count, "norms")
+            for norm, count in (
+                ("input_layernorm", L),
+                ("post_attention_layernorm", L),
+                ("final_layer_norm", one),
+            )
+            for kind in ("weight", "bias")
+        ]
     if spec.norms.kind == "layernorm":  # weight and bias, GPT-2's names
         return [
             Tensor(f"{norm}.{kind}", (h,), count, "norms")
             for norm, count in (("ln_1", L), ("ln_2", L), ("ln_f", one))
             for kind in ("weight", "bias")
         ]
+    sandwich = (
+        [
+            Tensor("pre_feedforward_layernorm.weight", (h,), L, "norms"),
+            Tensor("post_feedforward_layernorm.weight", (h,), L, "norms"),
+        ]
+        if spec.norms.placement == "sandwich"
+        else []
+    )
     return [
         Tensor("input_layernorm.weight", (h,), L, "norms"),
         Tensor("post_attention_layernorm.weight", (h,), L, "norms"),
+        *sandwich,
         Tensor("norm.weight", (h,), one, "norms"),
     ]
 
@@ -276,8 +317,14 @@ def param_total_expr(spec: ModelSpec) -> sympy.Expr:
 
 def param_counts(spec: ModelSpec) -> dict[str, int]:
     """Exact numeric parameter count per component."""
-    values = size_values(spec)
-    return {name: int(expr.subs(values)) for name, expr in param_exprs(spec).items()}
+    return dict(_param_counts(spec))
+
+
+@cache
+def _param_counts(spec: ModelSpec) -> tuple[tuple[str, int], ...]:
+    # a spec is frozen and hashable; its counts are asked for many times per estimate
+    values = {k: sympy.Integer(v) for k, v in size_values(spec).items()}
+    return tuple((name, int(expr.xreplace(values))) for name, expr in param_exprs(spec).items())
 
 
 def param_count(spec: ModelSpec) -> int:

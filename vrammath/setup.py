@@ -2,7 +2,7 @@
 
 Each field is declared once, with its CLI flag, help, allowed values and bounds
 (:mod:`vrammath.fields`); the CLI's options, ``as_dict`` and the checks below read them. Every
-rule that ties two fields together lives in :meth:`Setup.__post_init__`.
+rule that ties two fields together lives in ``Setup.__post_init__``.
 
 Examples
 ========

@@ -118,7 +118,7 @@ class Context:
 
     @property
     def hf_recompute(self) -> HfRecompute:
-        """Recomputation as transformers runs it: full checkpointing or none."""
+        """Recomputation as transformers runs it (full checkpointing or none)."""
         return "full" if self.setup.recompute == "full" else "none"
 
     @property
@@ -192,20 +192,23 @@ class Term:
 
     key : str
         Stable name (the component's key in an estimate and in JSON).
-    label, note : str or a function of the Context
-        What the table prints.
-    device : "gpu" or "cpu"
-    builder : Context -> sympy.Expr or None
-        The whole-model (unsharded) bytes; ``None`` where the term does not exist.
+    label, note : str or callable
+        What the table prints (text, or a function of the :class:`Context`).
+    device : str
+        ``"gpu"`` or ``"cpu"``.
+    builder : callable
+        A function of the :class:`Context` returning the whole-model (unsharded) bytes as a
+        sympy expression, or ``None`` where the term does not exist.
     group : one of :data:`GROUPS`
         Which total of :class:`vrammath.peak.Groups` the term enters.
-    live : "resident", "forward+backward", "backward", "backward+step" or "step"
-        When the term is alive in an iteration (documentation of the group's place in the
+    live : str
+        ``"resident"``, ``"forward+backward"``, ``"backward"``, ``"backward+step"`` or ``"step"``:
+        when the term is alive in an iteration (documentation of the group's place in the
         phase models, and of the rows that share a group but not a time, as ``reduce_buffer``).
     sharded_from : int or None
         The ZeRO stage from which the term is divided over ``N_d`` (None: never).
-    offload : "params", "optimizer" or None
-        A GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
+    offload : str or None
+        ``"params"`` or ``"optimizer"``: a GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
         sharded); a CPU term exists only under it.
     listed : bool
         Whether the estimate lists it as a component (False: a phase transient only).
