@@ -188,9 +188,13 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
             )
         )
 
-    weights, optimizer, gradients, activations, temporaries, in_flight = (total(g) for g in GROUPS)
+    weights, optimizer, gradients, activations, temporaries, in_flight, outputs = (
+        total(g) for g in GROUPS
+    )
     reduce = total("in-flight", backward_only=True)
-    return Groups(weights, optimizer, gradients, activations, temporaries, in_flight, reduce)
+    return Groups(
+        weights, optimizer, gradients, activations, temporaries, in_flight, reduce, outputs
+    )
 
 
 def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:

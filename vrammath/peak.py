@@ -55,6 +55,9 @@ Iteration = Literal["steady", "first"]
 #: The phases of one iteration whose peaks an estimate reports.
 PHASES = ("forward_peak", "backward_peak", "step_peak")
 
+#: The loss HF's causal-LM models return: one fp32 scalar (the loss upcasts the logits).
+LOSS_BYTES = 4
+
 
 @dataclass(frozen=True)
 class Groups:
@@ -65,8 +68,10 @@ class Groups:
     the optimizer states; ``gradients`` the gradients alive after backward; ``activations`` what
     forward keeps for backward (logits and loss included); ``temporaries`` the optimizer step's
     transients; ``in_flight`` what is in flight through forward and backward (ZeRO-3's gathered
-    layers, a dequantized matrix) and ``reduce`` what only backward adds (one layer's unsharded
-    gradients before the reduce-scatter).
+    layers, a dequantized matrix), ``reduce`` what only backward adds (one layer's unsharded
+    gradients before the reduce-scatter) and ``outputs`` the model output the training loop
+    keeps (logits + loss, :func:`vrammath.terms.kept_outputs`; 0 for a loop that keeps the loss
+    only).
     """
 
     weights: sympy.Expr
@@ -76,11 +81,31 @@ class Groups:
     temporaries: sympy.Expr
     in_flight: sympy.Expr
     reduce: sympy.Expr
+    outputs: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
     if iteration not in ("steady", "first"):
         raise one_of("iteration", iteration, ("steady", "first"))
+
+
+def _with_kept_outputs(
+    phases: dict[str, sympy.Expr], outputs: sympy.Expr, iteration: Iteration
+) -> dict[str, sympy.Expr]:
+    """The phases of a loop that keeps the model output (logits + loss, ``outputs``) until the
+    next forward rebinds it: the previous output is alive through the steady state's forward
+    (the first iteration has none), the current one's logits through backward (the loss is
+    alive in either loop there: it is backward's root), logits and loss through the step."""
+    if outputs == 0:
+        return phases
+    forward = outputs if iteration == "steady" else sympy.Integer(0)
+    add = {
+        "forward_end": outputs - LOSS_BYTES,  # the new output's logits replace the old output
+        "forward_peak": forward,
+        "backward_peak": outputs - LOSS_BYTES,
+        "step_peak": outputs,
+    }
+    return {k: e + add.get(k, 0) for k, e in phases.items()}
 
 
 def _compute_bytes(precision: str) -> int:
@@ -175,7 +200,7 @@ def hf_phase_peaks(
     if recompute == "full" and precision.startswith("autocast"):
         cast_cache = L * layer_terms["weight_casts"]
     fwd_end = W + O_before + act
-    return {
+    phases = {
         "forward_end": fwd_end,
         "forward_peak": sympy.Max(
             fwd_end + loss["forward_transient"] + cast_cache + gathered,
@@ -192,6 +217,7 @@ def hf_phase_peaks(
         ),
         "step_peak": W + O_ + G + T_opt,
     }
+    return _with_kept_outputs(phases, groups.outputs, iteration)
 
 
 def korthikanti_phase_peaks(
@@ -211,11 +237,12 @@ def korthikanti_phase_peaks(
     W, O_, G = groups.weights, groups.optimizer, groups.gradients
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     A, in_flight = groups.activations, groups.in_flight
-    return {
+    phases = {
         "forward_peak": W + O_before + A + in_flight,
         "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight,
         "step_peak": W + O_ + G + groups.temporaries,
     }
+    return _with_kept_outputs(phases, groups.outputs, iteration)
 
 
 __all__ = ["PHASES", "Groups", "Iteration", "hf_phase_peaks", "korthikanti_phase_peaks"]

@@ -235,6 +235,15 @@ class Setup:
             "--device", _choices("where the kernels run", DEVICES, "cuda"), choices=DEVICES
         ),
     )
+    keep_outputs: bool = field(
+        default=False,
+        metadata=option(
+            "--keep-outputs",
+            "the loop keeps the model output through backward (out = model(...); "
+            "out.loss.backward()); default: only the loss, as Trainer",
+            kind="switch",
+        ),
+    )
 
     @property
     def activation_formula(self) -> str:
@@ -257,7 +266,7 @@ class Setup:
         check("optimizer", self.optimizer, OPTIMIZERS)
         check("implementation", self.implementation, IMPLEMENTATIONS)
         object.__setattr__(self, "zero", zero_stage(self.zero))
-        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout"):
+        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout", "keep_outputs"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(name, "must be true or false", getattr(self, name))
         check_bounds(self)
