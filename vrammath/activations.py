@@ -490,6 +490,47 @@ def hf_layer_terms(
     }
 
 
+def hf_checkpointed_forward_bytes(
+    spec: ModelSpec, attention: Attention = "eager", precision: Precision = "bf16"
+) -> sympy.Expr | None:
+    """Bytes a checkpointed decoder layer holds at its forward peak, above what was alive when
+    it started (non-reentrant checkpointing, eager attention, LLaMA-style layers).
+
+    Explanation
+    ===========
+
+    Under ``torch.utils.checkpoint(use_reentrant=False)`` the forward of a layer keeps nothing
+    for backward: every saved tensor is dropped as it is packed. What is alive at the layer's
+    peak is what its Python frames still reference, op by op (measured with ``MemTracker`` on
+    transformers' ``LlamaDecoderLayer``). The peak is at the softmax of eager attention, with
+
+    * the first norm's output (the layer keeps it as ``hidden_states``), in the residual dtype;
+    * Q and K after RoPE (4 bytes under autocast: RoPE's fp32 cos/sin promote them; else c),
+      V (c), and, when a_kv < a, ``repeat_kv``'s copies of K and V (a d each) -- the originals
+      stay referenced by the caller;
+    * under autocast, the 16-bit copies of q/k/v_proj's weights (autocast's cache);
+    * eight bytes per score element (a s^2 b): the masked scores and the fp32 softmax output
+      (fp32 + fp32 under autocast, where the fp32 mask promotes the sum; 16-bit masked scores,
+      the fp32 softmax and its 16-bit cast in pure 16-bit; fp32 + fp32 in fp32).
+
+    Returns ``None`` where it is not derived (SDPA, GPT-2 blocks).
+
+    >>> from vrammath.presets import load_model
+    >>> hf_checkpointed_forward_bytes(load_model("llama-7b"), "eager", "bf16")
+    8*a*b*s**2 + 4*a*b*d*s + 2*a_kv*b*d*s + 2*b*h*s
+    """
+    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+        return None
+    c, autocast = _precision(precision)
+    sb = s * b
+    cq = 4 if autocast else c  # Q and K after RoPE
+    norm_out = _residual_bytes(precision) * sb * h
+    qkv = cq * sb * d * (a + a_kv) + c * sb * a_kv * d
+    repeated = (cq + c) * sb * a * d if spec.attention.kv_heads < spec.attention.heads else 0
+    casts = 2 * (h * a * d + 2 * h * a_kv * d) if autocast else 0
+    return sympy.expand(norm_out + qkv + repeated + casts + 8 * a * s**2 * b)
+
+
 GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 6}
 """I-sized tensors each GeLU variant of transformers keeps for backward (besides its output).
 
@@ -775,6 +816,7 @@ __all__ = [
     "gpt2_layer_terms",
     "hf_activation_bytes",
     "hf_activation_terms",
+    "hf_checkpointed_forward_bytes",
     "hf_layer_bytes",
     "hf_layer_terms",
     "hf_logits_loss_bytes",

@@ -43,6 +43,8 @@ from vrammath.activations import (
     Attention,
     HfRecompute,
     Precision,
+    hf_activation_terms,
+    hf_checkpointed_forward_bytes,
     hf_layer_terms,
     hf_logits_loss_terms,
 )
@@ -200,15 +202,20 @@ def hf_phase_peaks(
     if recompute == "full" and precision.startswith("autocast"):
         cast_cache = L * layer_terms["weight_casts"]
     fwd_end = W + O_before + act
+    in_layer = fwd_end - loss["kept"] + (fwd_layer if recompute == "full" else 0) + cast_cache
+    checkpointed = hf_checkpointed_forward_bytes(spec, attention, precision)
+    if recompute == "full" and checkpointed is not None:
+        # the last checkpointed layer at its softmax: nothing after it exists yet (final norm,
+        # head input, head weight cast), the earlier layers' weight casts are cached
+        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
+        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
+        earlier_casts = (L - 1) * layer_terms["weight_casts"]
+        in_layer = fwd_end - loss["kept"] - after + earlier_casts + checkpointed
     phases = {
         "forward_end": fwd_end,
         "forward_peak": sympy.Max(
             fwd_end + loss["forward_transient"] + cast_cache + gathered,
-            fwd_end
-            - loss["kept"]
-            + (fwd_layer if recompute == "full" else 0)
-            + cast_cache
-            + gathered,
+            in_layer + gathered,
         ),
         "backward_peak": sympy.Max(
             fwd_end + loss["backward_transient"] + gathered,
