@@ -531,6 +531,54 @@ def hf_checkpointed_forward_bytes(
     return sympy.expand(norm_out + qkv + repeated + casts + 8 * a * s**2 * b)
 
 
+def hf_checkpointed_backward_bytes(
+    spec: ModelSpec, attention: Attention = "eager", precision: Precision = "bf16"
+) -> dict[str, sympy.Expr] | None:
+    """Activation bytes a checkpointed decoder layer holds at its backward peak (``layer``),
+    above what was alive before its recomputation (its input, ``checkpoint``, included), for non-reentrant checkpointing, eager
+    attention and LLaMA-style layers. The weight gradients made by then are counted by the
+    phase model (:func:`vrammath.peak.hf_phase_peaks`).
+
+    Explanation
+    ===========
+
+    The layer is recomputed with saving, then back-propagated from the top: the MLP, the second
+    norm and ``o_proj`` are done (their saved tensors freed) and ``bmm(probs, V)``'s backward has
+    freed the 16-bit probabilities and V when the softmax backward runs -- the peak (measured op
+    by op with ``MemTracker``, the live tensors listed at that op). Alive from the recomputation:
+
+    * the first norm's saved tensors (:func:`_norm_kept`), less its fp32 input where the residual
+      stream is fp32 (fp32 and autocast: the upcast is a no-op and the input is the checkpoint);
+    * the q/k/v linears' inputs: one shared c sbh tensor, or under autocast three 16-bit casts;
+    * Q and the repeated K that ``Q K^T`` saves (c sb a d each, 16-bit under autocast);
+    * the fp32 softmax output (4 a s^2 b); under autocast the q/k/v weight casts;
+
+    and the gradients in flight: the layer's incoming gradient (residual dtype, sbh), the
+    attention output's gradient (c sb a d) and eight bytes per score element -- the
+    probabilities' gradient cast to fp32 and the softmax backward's fp32 output.
+
+    Returns ``None`` where it is not derived (SDPA, GPT-2 blocks).
+
+    >>> from vrammath.presets import load_model
+    >>> hf_checkpointed_backward_bytes(load_model("llama-7b"), "eager", "fp32")
+    {'layer': 12*a*b*s**2 + 12*a*b*d*s + 12*b*h*s + 4*b*s, 'checkpoint': 4*b*h*s}
+    """
+    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+        return None
+    c, autocast = _precision(precision)
+    res = _residual_bytes(precision)
+    sb = s * b
+    norm = _norm_kept(spec, precision, "cuda") - (4 * sb * h if res == 4 else 0)
+    inputs = 3 * 2 * sb * h if autocast else c * sb * h
+    qk = 2 * c * sb * a * d
+    casts = 2 * (h * a * d + 2 * h * a_kv * d) if autocast else 0
+    in_flight = res * sb * h + c * sb * a * d + 8 * a * s**2 * b
+    return {
+        "layer": sympy.expand(norm + inputs + qk + 4 * a * s**2 * b + casts + in_flight),
+        "checkpoint": res * sb * h,
+    }
+
+
 GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 6}
 """I-sized tensors each GeLU variant of transformers keeps for backward (besides its output).
 
@@ -816,6 +864,7 @@ __all__ = [
     "gpt2_layer_terms",
     "hf_activation_bytes",
     "hf_activation_terms",
+    "hf_checkpointed_backward_bytes",
     "hf_checkpointed_forward_bytes",
     "hf_layer_bytes",
     "hf_layer_terms",

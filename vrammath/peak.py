@@ -44,13 +44,15 @@ from vrammath.activations import (
     HfRecompute,
     Precision,
     hf_activation_terms,
+    hf_checkpointed_backward_bytes,
     hf_checkpointed_forward_bytes,
     hf_layer_terms,
     hf_logits_loss_terms,
 )
 from vrammath.errors import one_of
 from vrammath.model import ModelSpec
-from vrammath.symbols import L, V, a, b, h, s
+from vrammath.params import tensors
+from vrammath.symbols import L, P, V, a, b, h, s
 
 Iteration = Literal["steady", "first"]
 
@@ -108,6 +110,51 @@ def _with_kept_outputs(
         "step_peak": outputs,
     }
     return {k: e + add.get(k, 0) for k, e in phases.items()}
+
+
+def _checkpointed_peaks(
+    spec: ModelSpec,
+    precision: Precision,
+    attention: Attention,
+    device: Literal["cuda", "cpu"],
+    kept: sympy.Expr,
+    gradients: sympy.Expr,
+    layer_terms: dict[str, sympy.Expr],
+) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """The forward and backward peaks inside a checkpointed layer, where they are derived op by
+    op (:func:`vrammath.activations.hf_checkpointed_forward_bytes` and
+    :func:`~vrammath.activations.hf_checkpointed_backward_bytes`); None elsewhere.
+
+    ``kept`` is what forward left without the loss's buffers: every layer's checkpoint and
+    what the layers share, plus what exists only after the last layer (the final norm's saved
+    tensors, the head's input and weight cast), which is subtracted here. Forward peaks in the
+    last layer, with the earlier layers' autocast weight casts cached. Backward peaks in the top
+    or the bottom layer: the weight gradients made by then enter as their share of the per-GPU
+    gradient total G (so that sharding divides them) -- at the top the head, the final norm and
+    the layer's MLP, second norm and ``o_proj``; at the bottom everything but the untied
+    embedding and the layer's first norm and q/k/v, while the checkpoints of the L - 1 layers
+    above are freed.
+    """
+    forward = hf_checkpointed_forward_bytes(spec, attention, precision)
+    backward = hf_checkpointed_backward_bytes(spec, attention, precision)
+    if forward is None or backward is None:
+        return None
+    tail = hf_activation_terms(spec, attention, precision, "full", device=device)
+    before = kept - tail["final_norm"] - tail["head_input"] - tail["head_weight_cast"]
+    in_layer = before + (L - 1) * layer_terms["weight_casts"] + forward
+    own = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    per_layer = [t for t in tensors(spec) if t.count == L]
+    pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
+    outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
+    embedding = 0 if spec.embeddings.tied else V * h
+    top = outside - embedding + sympy.Add(*(t.numel for t in per_layer)) - pending
+    bottom = P - embedding - pending
+    layer = backward["layer"]
+    recomputing = sympy.Max(
+        before + layer + gradients * top / P,
+        before - (L - 1) * backward["checkpoint"] + layer + gradients * bottom / P,
+    )
+    return in_layer, recomputing
 
 
 def _compute_bytes(precision: str) -> int:
@@ -203,14 +250,13 @@ def hf_phase_peaks(
         cast_cache = L * layer_terms["weight_casts"]
     fwd_end = W + O_before + act
     in_layer = fwd_end - loss["kept"] + (fwd_layer if recompute == "full" else 0) + cast_cache
-    checkpointed = hf_checkpointed_forward_bytes(spec, attention, precision)
-    if recompute == "full" and checkpointed is not None:
-        # the last checkpointed layer at its softmax: nothing after it exists yet (final norm,
-        # head input, head weight cast), the earlier layers' weight casts are cached
-        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
-        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
-        earlier_casts = (L - 1) * layer_terms["weight_casts"]
-        in_layer = fwd_end - loss["kept"] - after + earlier_casts + checkpointed
+    recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
+    if recompute == "full":
+        exact = _checkpointed_peaks(
+            spec, precision, attention, device, fwd_end - loss["kept"], G, layer_terms
+        )
+        if exact is not None:
+            in_layer, recomputing = exact
     phases = {
         "forward_end": fwd_end,
         "forward_peak": sympy.Max(
@@ -219,7 +265,7 @@ def hf_phase_peaks(
         ),
         "backward_peak": sympy.Max(
             fwd_end + loss["backward_transient"] + gathered,
-            fwd_end - loss["kept"] + recomputed + attn_bwd + gathered,
+            recomputing + gathered,
             W + O_before + G + embed_temp + gathered + reduce_buffer,
         ),
         "step_peak": W + O_ + G + T_opt,
