@@ -517,7 +517,7 @@ def hf_checkpointed_forward_bytes(
 
     >>> from vrammath.presets import load_model
     >>> hf_checkpointed_forward_bytes(load_model("llama-7b"), "eager", "bf16")
-    8*a*b*s**2 + 4*a*b*d*s + 2*a_kv*b*d*s + 2*b*h*s
+    2*a*b*d*s + 8*a*b*s**2 + 4*a_kv*b*d*s + 2*b*h*s
     """
     if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
         return None
@@ -561,7 +561,7 @@ def hf_checkpointed_backward_bytes(
 
     >>> from vrammath.presets import load_model
     >>> hf_checkpointed_backward_bytes(load_model("llama-7b"), "eager", "fp32")
-    {'layer': 12*a*b*s**2 + 12*a*b*d*s + 12*b*h*s + 4*b*s, 'checkpoint': 4*b*h*s}
+    {'layer': 12*a*b*d*s + 12*a*b*s**2 + 12*b*h*s + 4*b*s, 'checkpoint': 4*b*h*s}
     """
     if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
         return None
