@@ -491,7 +491,11 @@ def hf_layer_terms(
 
 
 def hf_checkpointed_forward_bytes(
-    spec: ModelSpec, attention: Attention = "eager", precision: Precision = "bf16"
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
 ) -> sympy.Expr | None:
     """Bytes a checkpointed decoder layer holds at its forward peak, above what was alive when
     it started (non-reentrant checkpointing, eager attention, LLaMA-style layers).
@@ -513,16 +517,30 @@ def hf_checkpointed_forward_bytes(
       (fp32 + fp32 under autocast, where the fp32 mask promotes the sum; 16-bit masked scores,
       the fp32 softmax and its 16-bit cast in pure 16-bit; fp32 + fp32 in fp32).
 
-    Returns ``None`` where it is not derived (SDPA, GPT-2 blocks).
+    A GPT-2 block (``GPT2Block``, dropout on) peaks at the attention dropout: the first
+    LayerNorm's output and the fused QKV (c sbh + 3c sbh), the softmax output, the dropout's
+    noise (CPU: c bytes per element; CUDA's fused kernel: a 1-byte mask) and its output -- while
+    ``GPT2Model.forward`` still holds the token and position embeddings it summed (c sbh +
+    c sh).
+
+    Returns ``None`` where it is not derived (SDPA).
 
     >>> from vrammath.presets import load_model
     >>> hf_checkpointed_forward_bytes(load_model("llama-7b"), "eager", "bf16")
     2*a*b*d*s + 8*a*b*s**2 + 4*a_kv*b*d*s + 2*b*h*s
+    >>> hf_checkpointed_forward_bytes(load_model("gpt2"), "eager", "fp32", device="cpu")
+    12*a*b*s**2 + 20*b*h*s + 4*h*s
     """
-    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+    if attention != "eager":
         return None
     c, autocast = _precision(precision)
     sb = s * b
+    if spec.norms.kind == "layernorm":
+        noise = _dropout_mask_bytes(c, device)
+        embeddings = c * sb * h + (c * s * h if spec.embeddings.learned_positions else 0)
+        return sympy.expand(embeddings + 4 * c * sb * h + (2 * c + noise) * a * s**2 * b)
+    if not spec.mlp.gated:
+        return None
     cq = 4 if autocast else c  # Q and K after RoPE
     norm_out = _residual_bytes(precision) * sb * h
     qkv = cq * sb * d * (a + a_kv) + c * sb * a_kv * d

@@ -120,10 +120,10 @@ def _checkpointed_peaks(
     kept: sympy.Expr,
     gradients: sympy.Expr,
     layer_terms: dict[str, sympy.Expr],
-) -> tuple[sympy.Expr, sympy.Expr] | None:
+) -> tuple[sympy.Expr | None, sympy.Expr | None]:
     """The forward and backward peaks inside a checkpointed layer, where they are derived op by
     op (:func:`vrammath.activations.hf_checkpointed_forward_bytes` and
-    :func:`~vrammath.activations.hf_checkpointed_backward_bytes`); None elsewhere.
+    :func:`~vrammath.activations.hf_checkpointed_backward_bytes`); None where not.
 
     ``kept`` is what forward left without the loss's buffers: every layer's checkpoint and
     what the layers share, plus what exists only after the last layer (the final norm's saved
@@ -135,13 +135,15 @@ def _checkpointed_peaks(
     embedding and the layer's first norm and q/k/v, while the checkpoints of the L - 1 layers
     above are freed.
     """
-    forward = hf_checkpointed_forward_bytes(spec, attention, precision)
+    forward = hf_checkpointed_forward_bytes(spec, attention, precision, device=device)
     backward = hf_checkpointed_backward_bytes(spec, attention, precision)
-    if forward is None or backward is None:
-        return None
     tail = hf_activation_terms(spec, attention, precision, "full", device=device)
     before = kept - tail["final_norm"] - tail["head_input"] - tail["head_weight_cast"]
-    in_layer = before + (L - 1) * layer_terms["weight_casts"] + forward
+    in_layer = None
+    if forward is not None:
+        in_layer = before + (L - 1) * layer_terms["weight_casts"] + forward
+    if backward is None:
+        return in_layer, None
     own = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
     per_layer = [t for t in tensors(spec) if t.count == L]
     pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
@@ -255,8 +257,8 @@ def hf_phase_peaks(
         exact = _checkpointed_peaks(
             spec, precision, attention, device, fwd_end - loss["kept"], G, layer_terms
         )
-        if exact is not None:
-            in_layer, recomputing = exact
+        in_layer = exact[0] if exact[0] is not None else in_layer
+        recomputing = exact[1] if exact[1] is not None else recomputing
     phases = {
         "forward_end": fwd_end,
         "forward_peak": sympy.Max(
