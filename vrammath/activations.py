@@ -550,7 +550,11 @@ def hf_checkpointed_forward_bytes(
 
 
 def hf_checkpointed_backward_bytes(
-    spec: ModelSpec, attention: Attention = "eager", precision: Precision = "bf16"
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
 ) -> dict[str, sympy.Expr] | None:
     """Activation bytes a checkpointed decoder layer holds at its backward peak (``layer``),
     above what was alive before its recomputation (its input, ``checkpoint``, included), for non-reentrant checkpointing, eager
@@ -575,17 +579,30 @@ def hf_checkpointed_backward_bytes(
     attention output's gradient (c sb a d) and eight bytes per score element -- the
     probabilities' gradient cast to fp32 and the softmax backward's fp32 output.
 
-    Returns ``None`` where it is not derived (SDPA, GPT-2 blocks).
+    A GPT-2 block peaks earlier, at ``bmm(probs, V)``'s backward: its first LayerNorm's
+    statistics and output, the fused QKV, the softmax output, the dropout's noise and output are
+    alive, with the incoming gradient, the attention output's gradient and its contiguous copy
+    (c sbh each) and the gradient of the dropped-out probabilities (c a s^2 b).
+
+    Returns ``None`` where it is not derived (SDPA).
 
     >>> from vrammath.presets import load_model
     >>> hf_checkpointed_backward_bytes(load_model("llama-7b"), "eager", "fp32")
     {'layer': 12*a*b*d*s + 12*a*b*s**2 + 12*b*h*s + 4*b*s, 'checkpoint': 4*b*h*s}
     """
-    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+    if attention != "eager":
         return None
     c, autocast = _precision(precision)
     res = _residual_bytes(precision)
     sb = s * b
+    if spec.norms.kind == "layernorm":
+        noise = _dropout_mask_bytes(c, device)
+        stats = _norm_kept(spec, precision, device) - c * sb * h  # its input is the checkpoint
+        recomputed = stats + c * sb * h + 3 * c * sb * h + (2 * c + noise) * a * s**2 * b
+        grads = res * sb * h + 2 * c * sb * h + c * a * s**2 * b
+        return {"layer": sympy.expand(recomputed + grads), "checkpoint": res * sb * h}
+    if not spec.mlp.gated:
+        return None
     norm = _norm_kept(spec, precision, "cuda") - (4 * sb * h if res == 4 else 0)
     inputs = 3 * 2 * sb * h if autocast else c * sb * h
     qk = 2 * c * sb * a * d

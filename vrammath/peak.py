@@ -136,7 +136,7 @@ def _checkpointed_peaks(
     above are freed.
     """
     forward = hf_checkpointed_forward_bytes(spec, attention, precision, device=device)
-    backward = hf_checkpointed_backward_bytes(spec, attention, precision)
+    backward = hf_checkpointed_backward_bytes(spec, attention, precision, device=device)
     tail = hf_activation_terms(spec, attention, precision, "full", device=device)
     before = kept - tail["final_norm"] - tail["head_input"] - tail["head_weight_cast"]
     in_layer = None
@@ -145,12 +145,21 @@ def _checkpointed_peaks(
     if backward is None:
         return in_layer, None
     own = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    own += ("ln_1.", "attn.c_attn.")  # GPT-2's names
     per_layer = [t for t in tensors(spec) if t.count == L]
     pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
     outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
-    embedding = 0 if spec.embeddings.tied else V * h
-    top = outside - embedding + sympy.Add(*(t.numel for t in per_layer)) - pending
-    bottom = P - embedding - pending
+    # the input side's gradients come last: the untied embedding, learned positions
+    last = sympy.Add(
+        *(
+            t.numel
+            for t in tensors(spec)
+            if t.component == "positions"
+            or (t.component == "embedding" and not spec.tied_embeddings)
+        )
+    )
+    top = outside - last + sympy.Add(*(t.numel for t in per_layer)) - pending
+    bottom = P - last - pending
     layer = backward["layer"]
     recomputing = sympy.Max(
         before + layer + gradients * top / P,
