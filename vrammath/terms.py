@@ -71,7 +71,8 @@ from vrammath.activations import (
     activation_exprs,
     korthikanti_first_stage_bytes,
 )
-from vrammath.params import layer_param_expr
+from vrammath.model import ModelSpec
+from vrammath.params import layer_param_expr, tensors
 from vrammath.peak import LOSS_BYTES, Iteration
 from vrammath.peft import (
     dequant_buffer_expr,
@@ -231,10 +232,21 @@ class Term:
     listed: bool = True
 
 
-def per_rank(term: Term, expr: sympy.Expr, *, zero: int, offloaded: bool) -> sympy.Expr:
+def per_rank(
+    term: Term,
+    expr: sympy.Expr,
+    *,
+    zero: int,
+    offloaded: bool,
+    dim0: sympy.Expr | None = None,
+) -> sympy.Expr:
     """A row's whole-model ``expr`` on one rank: divided over ``N_d`` from the row's ZeRO stage,
     and 0 on the GPU when its offload is on and it is sharded (each rank's shard streams to the
     host, which keeps it: the row's CPU twin).
+
+    ``dim0`` is the parameter count of the fullest rank when each tensor is sharded on its dim 0
+    (FSDP2, :func:`dim0_shard_params`); a row proportional to ``P`` then holds that many
+    parameters' bytes instead of ``1/N_d`` of them.
 
     >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=False)
     2*P/N_d
@@ -242,13 +254,33 @@ def per_rank(term: Term, expr: sympy.Expr, *, zero: int, offloaded: bool) -> sym
     2*P
     >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=True)
     0
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=3, offloaded=False, dim0=sympy.Symbol("Q"))
+    2*Q
     """
     sharded = term.sharded_from is not None and zero >= term.sharded_from
     if sharded:
-        expr = expr / N_d
+        per_param = expr / P  # a number when the row is proportional to P
+        expr = per_param * dim0 if dim0 is not None and not per_param.free_symbols else expr / N_d
     if term.device == "gpu" and sharded and offloaded:
         return sympy.Integer(0)
     return expr
+
+
+def dim0_shard_params(spec: ModelSpec) -> sympy.Expr:
+    """Parameters on the fullest rank when every tensor is sharded on its dim 0, as FSDP2's
+    ``fully_shard`` does: ``ceil(dim0 / N_d)`` rows per rank, rank 0 the fullest (the padding
+    is on the last ranks).
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.states import state_values
+    >>> spec = load_model("llama-7b")
+    >>> values = {**state_values(spec), N_d: 7}
+    >>> int(dim0_shard_params(spec).subs(values)) - int(sympy.ceiling(P.subs(values) / 7))
+    1089
+    """
+    return sympy.Add(
+        *(t.count * sympy.ceiling(t.shape[0] / N_d) * t.numel / t.shape[0] for t in tensors(spec))
+    )
 
 
 def text(value: Text, ctx: Context) -> str:
@@ -557,6 +589,7 @@ __all__ = [
     "Live",
     "Offload",
     "Term",
+    "dim0_shard_params",
     "kept_outputs",
     "per_rank",
     "text",

@@ -148,7 +148,7 @@ def step_counter_bytes(spec: Any, optimizer: str) -> int:
 def setup_of(row: dict[str, Any], *, device: str = "cpu") -> Setup:
     """The :class:`~vrammath.setup.Setup` a matrix row measures: its precision's recipe
     (:data:`~vrammath.measure.build.RECIPE_OF`), FSDP2 over ``zero3_ranks`` as ZeRO-3 on that
-    many GPUs, the batch, sequence, attention, recomputation and optimizer of the row.
+    many GPUs (states sharded per tensor on dim 0), the batch, sequence, attention, recomputation and optimizer of the row.
 
     >>> setup_of(ROWS[8]).zero, setup_of(ROWS[8]).gpus, setup_of(ROWS[8]).recipe
     (3, 8, 'bf16-pure')
@@ -166,6 +166,7 @@ def setup_of(row: dict[str, Any], *, device: str = "cpu") -> Setup:
         attention=row["attention"],
         recompute=row["recompute"],
         device=device,
+        shard="dim0" if ranks else "flat",  # FSDP2 shards each tensor's dim 0
     )
 
 
@@ -225,21 +226,7 @@ def measured_row(result: dict[str, Any]) -> dict[str, int]:
 
 def explain(row: dict[str, Any], name: str) -> str:
     """Why a component of a row misses its target (kept in the data, shown in the docs)."""
-    full = row["recompute"] == "full"
     eager = row["attention"] == "eager"
-    if name in ("forward_peak", "peak", "first_peak") and full and eager:
-        return (
-            "forward peak of checkpointed eager layers is modelled as one layer's saved "
-            "activations plus the masked scores at once; non-reentrant checkpointing drops saved "
-            "tensors as they are produced, so the real transient is smaller (not yet derived op "
-            "by op)"
-        )
-    if name in ("backward_peak", "peak", "first_peak") and full:
-        return (
-            "backward peak with full recomputation is approximated as the top layer recomputed "
-            "plus its attention-backward transients; the gradients of the recomputed layer's "
-            "other ops (MLP, norms; GeLU and dropout in GPT-2) are not modelled op by op"
-        )
     if name in ("forward_peak", "peak", "first_peak") and eager:
         return (
             "forward peak: eager attention's transient score tensors inside the last layer "
@@ -256,11 +243,6 @@ def explain(row: dict[str, Any], name: str) -> str:
         return (
             "forward peak under autocast is inside the last layer (RoPE promotes Q and K to "
             "fp32 before the 16-bit casts) when the logits are small, not at the loss"
-        )
-    if name in ("parameters", "gradients", "optimizer") and row["zero3_ranks"]:
-        return (
-            "FSDP2 pads each parameter's dim-0 to a multiple of the world size; rank 0's shard "
-            "holds ceil(dim0 / N) rows, more than P/N when dim-0 does not divide"
         )
     return "not yet explained"
 
