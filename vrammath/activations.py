@@ -749,7 +749,9 @@ def hf_logits_loss_terms(spec: ModelSpec, precision: Precision = "bf16") -> dict
       at b = 1 the shifted labels stay a view of the padded labels, which are 8 bytes longer
       (the Kronecker delta).
     * ``forward_transient`` -- extra at the loss's peak: the logits (c sbV) and, for 16-bit
-      logits, their fp32 copy (4sbV).
+      logits, their fp32 copy (4sbV); under autocast also the final norm's fp32 output (4sbh),
+      which the model output holds as ``last_hidden_state`` while the loss runs (in pure
+      precision it is the head's kept input itself).
     * ``backward_transient`` -- extra at the start of backward: the gradient of the log-softmax
       output and of its input (4sbV each), then the 16-bit cast of the latter.
 
@@ -757,11 +759,12 @@ def hf_logits_loss_terms(spec: ModelSpec, precision: Precision = "bf16") -> dict
     >>> hf_logits_loss_terms(load_model("qwen2-72b"), "bf16")["kept"]
     4*V*b*s + 8*b*s + 8*KroneckerDelta(1, b) + 8
     """
-    c, _ = _precision(precision)
+    c, autocast = _precision(precision)
     sb = s * b
+    last_hidden = 4 * sb * h if autocast else 0
     return {
         "kept": 4 * sb * V + 8 * sb + 8 + 8 * sympy.KroneckerDelta(b, 1),
-        "forward_transient": c * sb * V + (4 * sb * V if c == 2 else 0),
+        "forward_transient": c * sb * V + (4 * sb * V if c == 2 else 0) + last_hidden,
         "backward_transient": 8 * sb * V,
     }
 
