@@ -549,6 +549,55 @@ def hf_checkpointed_forward_bytes(
     return sympy.expand(norm_out + qkv + repeated + casts + 8 * a * s**2 * b)
 
 
+def hf_last_layer_forward_bytes(
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr] | None:
+    """The last decoder layer at its softmax without recomputation: what it has not kept yet
+    (``later``) and what is alive only then (``live``), for eager attention, LLaMA-style layers,
+    pure precision.
+
+    Explanation
+    ===========
+
+    Measured op by op (``MemTracker``, live tensors listed at the op). At the last layer's
+    softmax the layer has not yet made its MLP's tensors, its second norm's, the MLP's input,
+    ``o_proj``'s input or the scores it keeps (``later``: subtracted from forward's end). Alive
+    then and freed by forward's end (``live``):
+
+    * the additive (b, 1, s, s) mask and the (1, s) int64 position ids;
+    * in pure 16-bit, the layer's input (the ``residual``) and the token embeddings
+      (``inputs_embeds``, held by the model's frame): the RMSNorms keep fp32 copies, not these;
+    * K after RoPE and V before ``repeat_kv`` (the caller's references), when a_kv < a;
+    * the scores: the masked scores and the fp32 softmax output with its 16-bit cast (8 bytes
+      per element), or on a CPU the fp32 copy of 16-bit scores ``softmax(dtype=float32)``
+      makes before the kernel (10 bytes per element at the softmax).
+
+    Returns ``None`` where it is not derived (SDPA, autocast, GPT-2 blocks).
+
+    >>> from vrammath.presets import load_model
+    >>> sorted(hf_last_layer_forward_bytes(load_model("llama-7b"), "eager", "bf16"))
+    ['later', 'live']
+    """
+    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+        return None
+    c, autocast = _precision(precision)
+    if autocast:
+        return None
+    sb = s * b
+    terms = hf_layer_terms(spec, attention, precision, device=device)
+    later = terms["mlp"] + terms["norms"] / 2 + terms["output"] + terms["scores"] + c * sb * h
+    repeated = spec.attention.kv_heads < spec.attention.heads
+    originals = 2 * c * sb * a_kv * d if repeated else 0
+    own = 2 * c * sb * h if c == 2 else 0  # the residual and inputs_embeds
+    scores = (10 if device == "cpu" and c == 2 else 8) * a * s**2 * b
+    live = c * b * s**2 + 8 * s + own + originals + scores
+    return {"later": sympy.expand(later), "live": sympy.expand(live)}
+
+
 def hf_checkpointed_backward_bytes(
     spec: ModelSpec,
     attention: Attention = "eager",
@@ -905,6 +954,7 @@ __all__ = [
     "hf_checkpointed_backward_bytes",
     "hf_checkpointed_forward_bytes",
     "hf_layer_bytes",
+    "hf_last_layer_forward_bytes",
     "hf_layer_terms",
     "hf_logits_loss_bytes",
     "hf_logits_loss_terms",

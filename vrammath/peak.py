@@ -46,6 +46,7 @@ from vrammath.activations import (
     hf_activation_terms,
     hf_checkpointed_backward_bytes,
     hf_checkpointed_forward_bytes,
+    hf_last_layer_forward_bytes,
     hf_layer_terms,
     hf_logits_loss_terms,
 )
@@ -261,6 +262,13 @@ def hf_phase_peaks(
         cast_cache = L * layer_terms["weight_casts"]
     fwd_end = W + O_before + act
     in_layer = fwd_end - loss["kept"] + (fwd_layer if recompute == "full" else 0) + cast_cache
+    forward_candidates = [fwd_end + loss["forward_transient"] + cast_cache]
+    unchecked = hf_last_layer_forward_bytes(spec, attention, precision, device=device)
+    if recompute == "none" and unchecked is not None:
+        # the last layer's softmax, before the final norm and the head exist
+        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
+        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
+        forward_candidates.append(in_layer - after - unchecked["later"] + unchecked["live"])
     recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
     if recompute == "full":
         exact = _checkpointed_peaks(
@@ -270,10 +278,7 @@ def hf_phase_peaks(
         recomputing = exact[1] if exact[1] is not None else recomputing
     phases = {
         "forward_end": fwd_end,
-        "forward_peak": sympy.Max(
-            fwd_end + loss["forward_transient"] + cast_cache + gathered,
-            in_layer + gathered,
-        ),
+        "forward_peak": sympy.Max(*forward_candidates, in_layer) + gathered,
         "backward_peak": sympy.Max(
             fwd_end + loss["backward_transient"] + gathered,
             recomputing + gathered,
