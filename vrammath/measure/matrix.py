@@ -3,7 +3,8 @@
 ``python -m vrammath.measure.matrix`` measures every row (fake tensors on a CPU), compares each
 component with vrammath's estimate, and writes ``validation/matrix.json`` with the torch and
 transformers versions and the command. ``--diff`` compares a fresh run with the committed file;
-``--quick`` keeps only the rows marked quick (small models), ``--rows`` selects by id substring.
+``--quick`` keeps only the rows marked quick (small models), ``--rows`` selects by id substring;
+``--rescore FILE`` compares a committed matrix's measured numbers with the current estimates.
 
 Targets: parameters, gradients and optimizer states exact (0 bytes); activations and the step peak
 within 1%. A row outside the target stays failing, with its explanation in the data.
@@ -379,6 +380,47 @@ def diff(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
+    """The committed matrix compared again with the current estimates: measured numbers kept,
+    every row's estimated side, errors and verdicts recomputed (what a change to the formulas,
+    not to the measurement, needs)."""
+    rows = []
+    for row in committed["rows"]:
+        if "components" not in row:
+            rows.append(row)
+            continue
+        spec_row = {k: row[k] for k in ROW_KEYS}
+        measured = {name: c["measured"] for name, c in row["components"].items()}
+        comp = compare(estimate_row(spec_row), measured, spec_row)
+        rows.append({**row, "components": comp, "pass": all(c["pass"] for c in comp.values())})
+    worst: dict[str, float] = {}
+    for r in rows:
+        for name, c in r.get("components", {}).items():
+            worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    return {
+        **committed,
+        "rescored": command,
+        "worst_rel_error": worst,
+        "passed": sum(1 for r in rows if r["pass"]),
+        "rows": rows,
+    }
+
+
+ROW_KEYS = (
+    "id",
+    "model",
+    "batch",
+    "seq",
+    "precision",
+    "attention",
+    "recompute",
+    "optimizer",
+    "implementation",
+    "zero3_ranks",
+    "quick",
+)
+
+
 def default_path() -> Path:
     """``validation/matrix.json`` of the source checkout."""
     return Path(__file__).resolve().parents[2] / "validation" / "matrix.json"
@@ -447,7 +489,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=None, help="only rows whose id contains this")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--cuda", action="store_true", help="measure GPU_ROWS on a CUDA GPU")
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        default=None,
+        help="compare this matrix's measured numbers with the current estimates (no measuring)",
+    )
     args = parser.parse_args(argv)
+    if args.rescore:
+        rescored = rescore(
+            json.loads(args.rescore.read_text(encoding="utf-8")),
+            "python -m vrammath.measure.matrix " + " ".join(argv or sys.argv[1:]),
+        )
+        out = args.out or args.rescore
+        out.write_text(json.dumps(rescored, indent=1) + "\n", encoding="utf-8")
+        print(f"{rescored['passed']}/{len(rescored['rows'])} rows pass")
+        return 0
     if args.cuda:
         import torch
         import transformers
