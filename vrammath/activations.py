@@ -598,6 +598,43 @@ def hf_last_layer_forward_bytes(
     return {"later": sympy.expand(later), "live": sympy.expand(live)}
 
 
+def hf_top_layer_backward_bytes(
+    spec: ModelSpec, attention: Attention = "eager", precision: Precision = "bf16"
+) -> dict[str, sympy.Expr] | None:
+    """The top decoder layer at its softmax backward without recomputation: what its backward
+    has freed by then (``freed``) and the gradients in flight (``in_flight``), for eager
+    attention, LLaMA-style layers, pure precision.
+
+    Explanation
+    ===========
+
+    Measured op by op (``MemTracker``, live tensors listed at the op). By the softmax backward
+    the layer's MLP, second norm and ``o_proj`` are back-propagated, freeing what they kept and
+    the MLP's input; ``bmm(probs, V)``'s backward has freed the repeated V and, in 16-bit, the
+    16-bit probabilities (in fp32 they are the kept softmax output itself). In flight: the
+    layer's incoming gradient (sbh), the attention output's gradient (sb a d), both in c bytes,
+    and eight bytes per score element (the probabilities' gradient in fp32 and the softmax
+    backward's fp32 output). The weight gradients made by then are the phase model's
+    (:func:`vrammath.peak.hf_phase_peaks`).
+
+    >>> from vrammath.presets import load_model
+    >>> sorted(hf_top_layer_backward_bytes(load_model("llama-7b"), "eager", "bf16"))
+    ['freed', 'in_flight']
+    """
+    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+        return None
+    c, autocast = _precision(precision)
+    if autocast:
+        return None
+    sb = s * b
+    terms = hf_layer_terms(spec, attention, precision)
+    probs = 2 * a * s**2 * b if c == 2 else 0
+    freed = terms["mlp"] + terms["norms"] / 2 + terms["output"] + c * sb * h + probs
+    freed += c * sb * a * d  # the repeated V
+    in_flight = c * sb * h + c * sb * a * d + 8 * a * s**2 * b
+    return {"freed": sympy.expand(freed), "in_flight": sympy.expand(in_flight)}
+
+
 def hf_checkpointed_backward_bytes(
     spec: ModelSpec,
     attention: Attention = "eager",
@@ -953,11 +990,12 @@ __all__ = [
     "hf_activation_terms",
     "hf_checkpointed_backward_bytes",
     "hf_checkpointed_forward_bytes",
-    "hf_layer_bytes",
     "hf_last_layer_forward_bytes",
+    "hf_layer_bytes",
     "hf_layer_terms",
     "hf_logits_loss_bytes",
     "hf_logits_loss_terms",
+    "hf_top_layer_backward_bytes",
     "korthikanti_extra_terms",
     "korthikanti_first_stage_bytes",
     "korthikanti_interleave_factor",

@@ -49,6 +49,7 @@ from vrammath.activations import (
     hf_last_layer_forward_bytes,
     hf_layer_terms,
     hf_logits_loss_terms,
+    hf_top_layer_backward_bytes,
 )
 from vrammath.errors import one_of
 from vrammath.model import ModelSpec
@@ -113,6 +114,28 @@ def _with_kept_outputs(
     return {k: e + add.get(k, 0) for k, e in phases.items()}
 
 
+def _gradient_shares(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr]:
+    """Parameters whose gradients exist at a layer's attention backward, at the top layer and
+    at the bottom one: at the top the head, the final norm and the layer's MLP, second norm and
+    output projection; at the bottom everything but the input side (the untied embedding,
+    learned positions) and the layer's first norm and q/k/v."""
+    own = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    own += ("ln_1.", "attn.c_attn.")  # GPT-2's names
+    per_layer = [t for t in tensors(spec) if t.count == L]
+    pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
+    outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
+    last = sympy.Add(
+        *(
+            t.numel
+            for t in tensors(spec)
+            if t.component == "positions"
+            or (t.component == "embedding" and not spec.tied_embeddings)
+        )
+    )
+    top = outside - last + sympy.Add(*(t.numel for t in per_layer)) - pending
+    return top, P - last - pending
+
+
 def _checkpointed_peaks(
     spec: ModelSpec,
     precision: Precision,
@@ -145,22 +168,7 @@ def _checkpointed_peaks(
         in_layer = before + (L - 1) * layer_terms["weight_casts"] + forward
     if backward is None:
         return in_layer, None
-    own = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-    own += ("ln_1.", "attn.c_attn.")  # GPT-2's names
-    per_layer = [t for t in tensors(spec) if t.count == L]
-    pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
-    outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
-    # the input side's gradients come last: the untied embedding, learned positions
-    last = sympy.Add(
-        *(
-            t.numel
-            for t in tensors(spec)
-            if t.component == "positions"
-            or (t.component == "embedding" and not spec.tied_embeddings)
-        )
-    )
-    top = outside - last + sympy.Add(*(t.numel for t in per_layer)) - pending
-    bottom = P - last - pending
+    top, bottom = _gradient_shares(spec)
     layer = backward["layer"]
     recomputing = sympy.Max(
         before + layer + gradients * top / P,
@@ -270,6 +278,14 @@ def hf_phase_peaks(
         after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
         forward_candidates.append(in_layer - after - unchecked["later"] + unchecked["live"])
     recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
+    top_layer = hf_top_layer_backward_bytes(spec, attention, precision)
+    if recompute == "none" and top_layer is not None:
+        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
+        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
+        top, _ = _gradient_shares(spec)
+        recomputing = (
+            fwd_end - loss["kept"] - after - top_layer["freed"] + G * top / P
+        ) + top_layer["in_flight"]
     if recompute == "full":
         exact = _checkpointed_peaks(
             spec, precision, attention, device, fwd_end - loss["kept"], G, layer_terms
