@@ -172,3 +172,17 @@ def test_keep_outputs_is_one_listed_term_off_by_default() -> None:
     assert "outputs" not in {c.key for c in estimate(Setup(spec)).components}
     est = estimate(Setup(spec, keep_outputs=True, recipe="fp32", seq_len=1024))
     assert est.component("outputs").bytes == 4 * 1024 * 152064 + 4
+
+
+def test_dim0_shards_hold_what_fsdp2_rank0_holds() -> None:
+    """FSDP2 (shard="dim0"): rank 0 holds ceil(dim0 / N) rows of every tensor -- the committed
+    ZeRO-3 MQA row measured 79,672 B of fp32 parameters on rank 0 of 8, where P/N gives 79,392."""
+    row = next(r for r in ROWS if r["id"] == "small-tied-mqa/b4/s512/fp32/sdpa/rc-none/zero3x8")
+    setup = setup_of(row)
+    assert setup.shard == "dim0"
+    assert estimate(setup).component("weights").bytes == 79672
+    assert estimate(with_changes(setup, shard="flat")).component("weights").bytes == 79392
+    # a divisible model shards the same either way
+    llama = Setup(load_model("llama-7b"), zero=3, gpus=8)
+    dim0 = estimate(with_changes(llama, shard="dim0")).model_state_bytes
+    assert dim0 == estimate(llama).model_state_bytes

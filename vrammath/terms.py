@@ -276,7 +276,7 @@ def dim0_shard_params(spec: ModelSpec) -> sympy.Expr:
     >>> spec = load_model("llama-7b")
     >>> values = {**state_values(spec), N_d: 7}
     >>> int(dim0_shard_params(spec).subs(values)) - int(sympy.ceiling(P.subs(values) / 7))
-    1089
+    868407
     """
     return sympy.Add(
         *(t.count * sympy.ceiling(t.shape[0] / N_d) * t.numel / t.shape[0] for t in tensors(spec))
