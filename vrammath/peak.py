@@ -119,8 +119,14 @@ def _gradient_shares(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr]:
     at the bottom one: at the top the head, the final norm and the layer's MLP, second norm and
     output projection; at the bottom everything but the input side (the untied embedding,
     learned positions) and the layer's first norm and q/k/v."""
-    own = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-    own += ("ln_1.", "attn.c_attn.")  # GPT-2's names
+    own = (
+        "input_layernorm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "ln_1.",  # GPT-2's names
+        "attn.c_attn.",
+    )
     per_layer = [t for t in tensors(spec) if t.count == L]
     pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
     outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
@@ -206,12 +212,21 @@ def hf_phase_peaks(
       the loss runs) + F. Under autocast with full recomputation, every layer's 16-bit weight
       copy is still in autocast's cache at the loss (the checkpoints do not keep them for
       backward, but the cache lives until the autocast region exits): + L times the layer's casts.
+      With eager attention the peak may instead be at the last layer's softmax, before the final
+      norm and the head exist: with full recomputation
+      (:func:`~vrammath.activations.hf_checkpointed_forward_bytes`, the layer saves nothing),
+      without it (:func:`~vrammath.activations.hf_last_layer_forward_bytes`).
     * ``backward_peak`` = the larger of the start of backward, W + O + A + 8sbV (the gradients of
       the log-softmax output and input), and its end, W + O + G + the embedding's gradient
       transient (a CPU accumulates a 16-bit embedding gradient in fp32, 4Vh; CUDA does not) + R,
-      or the top layer's backward: the loss's buffers freed, with full recomputation one layer's
-      activations recomputed, with eager attention the softmax backward's score-sized tensors;
-      each + F.
+      or a layer's attention backward: with eager attention and full recomputation the top or
+      the bottom layer recomputed (:func:`~vrammath.activations.hf_checkpointed_backward_bytes`),
+      without recomputation the top layer
+      (:func:`~vrammath.activations.hf_top_layer_backward_bytes`), each with the weight
+      gradients made by then as their share of G; elsewhere one layer's activations recomputed
+      and the softmax backward's score-sized tensors; each + F.
+    * With ``groups.outputs`` (the loop keeps the model output) every phase adds it
+      (:func:`vrammath.terms.kept_outputs`).
     * ``step_peak`` = W + O + G + T. In the first iteration O is created inside this step and is
       absent before it.
 
