@@ -21,9 +21,11 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import sympy
 
+from vrammath.errors import InputError
 from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
@@ -66,7 +68,7 @@ class Estimate:
     values: dict[sympy.Symbol, int] = field(repr=False)
     phase_exprs: dict[str, sympy.Expr] = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property
     def phases(self) -> dict[str, int]:
         """Bytes live at the peak of each phase of a training iteration (forward, backward,
         optimizer step), per GPU; see :mod:`vrammath.peak`."""
@@ -89,6 +91,11 @@ class Estimate:
     def gpu_expr(self) -> sympy.Expr:
         """The per-GPU peak as one expression: the largest phase (in the symbols of
         :mod:`vrammath.symbols`; evaluate with ``values``). Solvers and sweeps use this."""
+        return self._gpu_expr
+
+    @cached_property
+    def _gpu_expr(self) -> sympy.Expr:
+        # sympy.Max of symbolic phases compares them symbolically: built once, on demand
         if self.phase_exprs:
             return sympy.Max(*self.phase_exprs.values())
         return sympy.Add(
@@ -101,8 +108,35 @@ class Estimate:
         return self._total("gpu", STATE_GROUPS)
 
     @property
+    def states_plus_gathered_bytes(self) -> int:
+        """Model states plus the ZeRO-3 layers gathered in flight on one GPU (no activations):
+        what must fit before a single activation is kept.
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))
+        >>> est.states_plus_gathered_bytes - est.model_state_bytes == est.component("gathered").bytes
+        True
+        """
+        gathered = [c.bytes for c in self.components if c.key == "gathered" and c.bytes]
+        return self.model_state_bytes + sum(gathered)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activations, logits and loss buffers kept for backward on one GPU (the ``A`` of the
+        phase peaks; the peak adds other terms, see :attr:`phases`).
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), seq_len=2048))
+        >>> est.activation_bytes == sum(est.component(k).bytes for k in ("activations", "logits_loss"))
+        True
+        """
+        return self._total("gpu", ("activations",))
+
+    @property
     def gpu_bytes(self) -> int:
         """The peak per GPU, the largest phase of the iteration (what must fit)."""
+        if self.phases:  # ceil(max(x)) == max(ceil(x)): no symbolic Max needed
+            return max(self.phases.values())
         return _value(self.gpu_expr(), self.values)
 
     @property
@@ -149,7 +183,9 @@ class Estimate:
 
 def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:
     # Shards round up: the last rank holds the padding (DeepSpeed and FSDP pad to N_d).
-    return int(sympy.ceiling(expr.subs(values)))
+    # xreplace puts every number in at once (subs would simplify at each step, 10-100x slower).
+    number = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in values.items()})
+    return int(sympy.ceiling(number))
 
 
 def _values(setup: Setup) -> dict[sympy.Symbol, int]:
@@ -211,6 +247,21 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
     )
 
 
+def _check_modelled(setup: Setup) -> None:
+    """Refuse what the composition does not describe yet, naming what is missing."""
+    spec = setup.model
+    if spec.experts is not None or spec.latent is not None:
+        missing = "routed-expert" if spec.experts is not None else "latent-attention"
+        raise InputError(
+            "model",
+            f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
+            "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
+            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe, qwen3_moe; "
+            "serving: vrammath serve)",
+            got=spec.name,
+        )
+
+
 def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading),
     and the peak of each phase of a training iteration.
@@ -236,6 +287,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     terms : tuple of vrammath.terms.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
+    _check_modelled(setup)
     values = _values(setup)
     ctx = Context(setup)
     built: list[tuple[Term, sympy.Expr]] = []

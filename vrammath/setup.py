@@ -2,7 +2,7 @@
 
 Each field is declared once, with its CLI flag, help, allowed values and bounds
 (:mod:`vrammath.fields`); the CLI's options, ``as_dict`` and the checks below read them. Every
-rule that ties two fields together lives in :meth:`Setup.__post_init__`.
+rule that ties two fields together lives in ``Setup.__post_init__``.
 
 Examples
 ========
@@ -28,9 +28,10 @@ from typing import Literal
 
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
+from vrammath.lora import adapted_linears, lora_targets
 from vrammath.model import ModelSpec
+from vrammath.moe import check_ep
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
-from vrammath.peft import adapted_linears, lora_targets
 from vrammath.presets import gpu
 from vrammath.vocab import (
     ACTIVATION_MODELS,
@@ -151,6 +152,16 @@ class Setup:
         default=1,
         metadata=option(
             "--pp", "pipeline-parallel size (at most the layers)", low=1, high=MAX_COUNT
+        ),
+    )
+    ep: int = field(
+        default=1,
+        metadata=option(
+            "--ep",
+            "expert-parallel size: ranks the routed experts are split over, within the "
+            "data-parallel --gpus (divides the experts and --gpus)",
+            low=1,
+            high=MAX_COUNT,
         ),
     )
     sp: bool = field(
@@ -318,6 +329,7 @@ class Setup:
             )
         if self.pp > spec.layers:
             raise InputError("pp", f"must be at most the layers ({spec.layers})", self.pp)
+        check_ep(spec, self.ep, self.gpus)
         if self.sp and self.tp == 1:
             raise InputError("sp", "sequence parallelism needs tp > 1", got=self.tp)
         if self.schedule == "interleaved":
@@ -349,7 +361,7 @@ class Setup:
         precision = PRECISION_OF[self.recipe]
         if (
             self.activation_formula == "hf"
-            and self.model.family == "gpt"
+            and self.model.model_type == "gpt2"
             and precision.startswith("autocast")
         ):
             raise InputError(
