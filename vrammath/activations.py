@@ -565,6 +565,7 @@ def _window_layer_count(spec: ModelSpec) -> sympy.Expr:
     n = spec.attention.window_layers if spec.sliding_window is not None else 0
     return L if n == spec.layers else sympy.Integer(n)
 
+
 def hf_checkpointed_forward_bytes(
     spec: ModelSpec,
     attention: Attention = "eager",
@@ -773,7 +774,6 @@ def hf_checkpointed_backward_bytes(
         "layer": sympy.expand(norm + inputs + qk + 4 * a * s**2 * b + casts + in_flight),
         "checkpoint": res * sb * h,
     }
-
 
 
 def _stacked_layers(
