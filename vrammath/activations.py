@@ -542,30 +542,6 @@ def hf_layer_terms(
     return terms
 
 
-# ---------------------------------------------------------------------------------------------
-# Sliding-window layers (Mistral, Qwen2 with use_sliding_window, Gemma-2/3)
-# ---------------------------------------------------------------------------------------------
-
-
-def window_reached() -> sympy.Expr:
-    """1 once the sequence reaches the window (s >= w), else 0.
-
-    transformers skips the mask (SDPA's ``is_causal``) only while the key length is below the
-    window (``masking_utils._ignore_causal_mask_sdpa``); from s = w on it builds an explicit one.
-
-    >>> from vrammath.symbols import s, w_win
-    >>> [window_reached().subs({s: n, w_win: 4096}) for n in (4095, 4096)]
-    [0, 1]
-    """
-    return sympy.Piecewise((1, s >= w_win), (0, True))
-
-
-def _window_layer_count(spec: ModelSpec) -> sympy.Expr:
-    """Layers with a sliding window: L when all of them slide, else the spec's number."""
-    n = spec.attention.window_layers if spec.sliding_window is not None else 0
-    return L if n == spec.layers else sympy.Integer(n)
-
-
 def hf_checkpointed_forward_bytes(
     spec: ModelSpec,
     attention: Attention = "eager",
@@ -774,6 +750,30 @@ def hf_checkpointed_backward_bytes(
         "layer": sympy.expand(norm + inputs + qk + 4 * a * s**2 * b + casts + in_flight),
         "checkpoint": res * sb * h,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Sliding-window layers (Mistral, Qwen2 with use_sliding_window, Gemma-2/3)
+# ---------------------------------------------------------------------------------------------
+
+
+def window_reached() -> sympy.Expr:
+    """1 once the sequence reaches the window (s >= w), else 0.
+
+    transformers skips the mask (SDPA's ``is_causal``) only while the key length is below the
+    window (``masking_utils._ignore_causal_mask_sdpa``); from s = w on it builds an explicit one.
+
+    >>> from vrammath.symbols import s, w_win
+    >>> [window_reached().subs({s: n, w_win: 4096}) for n in (4095, 4096)]
+    [0, 1]
+    """
+    return sympy.Piecewise((1, s >= w_win), (0, True))
+
+
+def _window_layer_count(spec: ModelSpec) -> sympy.Expr:
+    """Layers with a sliding window: L when all of them slide, else the spec's number."""
+    n = spec.attention.window_layers if spec.sliding_window is not None else 0
+    return L if n == spec.layers else sympy.Integer(n)
 
 
 def _stacked_layers(
