@@ -93,7 +93,8 @@ def test_attention_bias_llama() -> None:
         ),
         (
             {"model_type": "bert"},
-            "model_type: must be one of gpt2, llama, mistral, qwen2 (got 'bert')",
+            "model_type: must be one of gpt2, llama, mistral, qwen2 (any other: measure it exactly "
+            "with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'bert')",
         ),
         (
             {"num_local_experts": 8},

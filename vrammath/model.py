@@ -26,7 +26,7 @@ Examples
 >>> from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of gpt2, llama, mistral, qwen2 (got 'mixtral')
+vrammath.errors.InputError: model_type: must be one of gpt2, llama, mistral, qwen2 (any other: measure it exactly with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'mixtral')
 """
 
 from __future__ import annotations
