@@ -131,7 +131,10 @@ class Derived:
                     continue
                 for root in sympy.Poly(diff, s).real_roots() if diff.has(s) else []:
                     if root >= 1:
-                        out.append(f"{one} = {two} at s = {float(root):.1f} (b = {batch})")
+                        out.append(
+                            f"{one} = {two} at s = {float(root):.1f} (b = {batch}; polynomials "
+                            "fitted near the given s, extrapolated there)"
+                        )
         return out
 
     def as_dict(self, batch: int, seq: int) -> dict[str, Any]:
