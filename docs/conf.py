@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -29,9 +30,11 @@ BUILD = DOCS / "_build"
 
 # The checkout's vrammath, also when it is not installed: for autodoc here and, through
 # PYTHONPATH, for the notebook kernels that execute the pages.
+# docs/ too, for the pages' shared display helpers and setup registry (docs/vmdocs.py).
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(DOCS))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    [str(ROOT), str(DOCS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
 )
 
 project = "vrammath"
@@ -49,7 +52,13 @@ extensions = [
     "sphinx_design",
 ]
 
-exclude_patterns = ["_build", "jupyter_execute", ".jupyter_cache", "**.ipynb_checkpoints"]
+exclude_patterns = [
+    "_build",
+    "vmdocs.py",
+    "jupyter_execute",
+    ".jupyter_cache",
+    "**.ipynb_checkpoints",
+]
 
 # --- MyST ------------------------------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist", "substitution"]
@@ -60,8 +69,13 @@ math_eqref_format = "({number})"
 numfig_secnum_depth = 0
 
 # --- MyST-NB execution -----------------------------------------------------------------------
-# the package, the presets, and the measured data the validation pages read
-_SOURCE_GLOBS = (("vrammath", "**/*.py"), ("conf", "**/*"), ("validation", "*.json"))
+# the package, the presets, the measured data the validation pages read, the pages' helpers
+_SOURCE_GLOBS = (
+    ("vrammath", "**/*.py"),
+    ("conf", "**/*"),
+    ("validation", "*.json"),
+    ("docs", "vmdocs.py"),
+)
 
 
 def sources_hash() -> str:
@@ -79,6 +93,9 @@ def sources_hash() -> str:
 
 
 SOURCES_HASH = sources_hash()
+# where docs/vmdocs.py's named_estimate() records the numbers a page glued for a named setup
+RECORDS = BUILD / "vmdocs-records" / SOURCES_HASH
+os.environ["VRAMMATH_DOCS_RECORDS"] = str(RECORDS)
 
 
 def place_execution_cache(app, config):  # type: ignore[no-untyped-def]
@@ -208,6 +225,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Path|Mapping|Sequence|Iterable|Iterator|Callable|Literal|Any|Self|TypeAlias)"),
     (r"py:.*", r"(Symbol|Expr|Basic|Rational|Integer|Float|Number|Matrix|Eq|Piecewise)"),
     (r"py:.*", r"(sympy\.core\..*|sympy\.[a-z_.]+)"),
+    # autodoc splits the default of estimate(terms=TERMS) at the comma of tuple[Term, ...]
+    (r"py:class", r"tuple\[~vrammath\.terms\.Term"),
     (r"py:class", r"(int|float|str|bool|bytes|object|dict|list|tuple|set|frozenset|None)"),
     (r"py:class", r"(Ellipsis|ellipsis|EllipsisType|types\..*)"),
     (r"py:class", r"(ValueError|Exception|TypeError|KeyError)"),
@@ -265,9 +284,58 @@ def unique_footnotes(app, what, name, obj, options, lines):  # type: ignore[no-u
         lines[i] = _FOOTNOTE_REF.sub(lambda m: f"[#{label}-{m.group(1)}]_", defined)
 
 
+def check_named_setups(app, exception):  # type: ignore[no-untyped-def]
+    """Fail the build if two pages glued different numbers for one named setup, or if a page's
+    numbers differ from ``vrammath estimate ... --json`` for that setup (see docs/vmdocs.py)."""
+    if exception is not None or app.builder.name != "html":
+        return
+    import json
+    import subprocess
+
+    import vmdocs
+
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+    problems = []
+    for path in sorted(RECORDS.glob("*.json")) if RECORDS.is_dir() else []:
+        page = path.stem.replace("__", "/")
+        for name, record in json.loads(path.read_text()).items():
+            if name not in seen:
+                seen[name] = (page, dict(record))
+                continue
+            first_page, first = seen[name]
+            for key, value in record.items():
+                if key in first and first[key] != value:
+                    problems.append(
+                        f"{name!r} {key}: {page} and {first_page} glue different numbers"
+                    )
+                first.setdefault(key, value)
+    for name, (page, record) in sorted(seen.items()):
+        if "estimate" not in record:
+            continue
+        out = subprocess.run(
+            [sys.executable, "-m", "vrammath", "estimate", *vmdocs.cli_args(name)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        cli = json.loads(out.stdout)
+        cli_record = {
+            "totals": cli["totals"],
+            "phases": cli["phases"],
+            "components": {c["key"]: c["bytes"] for c in cli["components"]},
+            "fits": None if cli["gpu"] is None else cli["gpu"]["fits"],
+        }
+        if cli_record != record["estimate"]:
+            problems.append(f"{name!r}: {page} differs from `vrammath estimate --json`")
+    if problems:
+        raise RuntimeError("named setups disagree:\n  " + "\n  ".join(problems))
+    print(f"named setups: {len(seen)} checked against each other and the CLI's --json")
+
+
 def setup(app):  # type: ignore[no-untyped-def]
     app.add_config_value("vrammath_sources_hash", "", "env", types=[str])
     app.connect("config-inited", place_execution_cache, priority=100)
     app.connect("missing-reference", resolve_short_vrammath_name)
     app.connect("autodoc-process-docstring", unique_footnotes)
+    app.connect("build-finished", check_named_setups)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -12,7 +12,6 @@ import pytest
 import sympy
 
 from vrammath.cli import FORMULAS, main
-from vrammath.model import ModelSpec
 from vrammath.params import param_count
 from vrammath.presets import load_model
 
@@ -257,18 +256,13 @@ def test_seq_past_max_positions_warns(capsys: pytest.CaptureFixture[str]) -> Non
     assert err == ""
 
 
-@dataclasses.dataclass(frozen=True)
-class _WarnedSpec(ModelSpec):
-    warnings: tuple[str, ...] = ("a model warning",)
-
-
 def test_model_warnings_are_printed(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vrammath import cli
 
     spec = load_model("gpt2")
-    warned = _WarnedSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+    warned = dataclasses.replace(spec, warnings=("a model warning",))
     monkeypatch.setattr(cli, "resolve_model", lambda name: warned)
     for command in (["estimate", "-s", "512"], ["serve", "--context", "512"]):
         code, out, err = run(capsys, command[0], "gpt2", *command[1:], "--json")
@@ -327,7 +321,7 @@ def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFix
 
 def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
     from vrammath.inference import kv_cache_expr
-    from vrammath.peft import lora_param_expr
+    from vrammath.lora import lora_param_expr
 
     spec = load_model("llama-7b")
     assert formula(capsys, "kv")["KV cache"] == str(kv_cache_expr(spec))

@@ -14,8 +14,8 @@ from vrammath.errors import InputError
 from vrammath.estimate import estimate
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, options
 from vrammath.inference import KV_DTYPES, SERVE_WEIGHTS, Serve, serve_warnings
-from vrammath.peft import QUANTS
 from vrammath.presets import load_model
+from vrammath.quant import QUANTS
 from vrammath.setup import Setup, setup_warnings
 from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES
 

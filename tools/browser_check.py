@@ -9,7 +9,10 @@ It serves the built site from a local HTTP server on 127.0.0.1, visits every HTM
   site must read offline; every other host is also made unresolvable for the browser);
 * pages with math: MathJax typeset it (``mjx-container`` elements exist) without TeX errors;
 * pages with images: every ``<img>`` loaded (``naturalWidth > 0``);
-* the search page finds results for "ZeRO".
+* the search page finds results for "ZeRO";
+* layout, at 1400 px and at 390 px wide: the main text column does not overflow horizontally,
+  no table sits in a collapsed block (a hidden code cell's "Show code cell content"), and at
+  1400 px every table fits its column (a reader sees every column without scrolling).
 
 It prints what it saw, saves screenshots of the landing page and one chapter page to
 ``docs/_build/screenshots/`` (beside the html folder), and exits non-zero on any failure.
@@ -18,6 +21,7 @@ It prints what it saw, saves screenshots of the landing page and one chapter pag
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import http.server
 import json
@@ -42,6 +46,8 @@ SEARCH_TERM = "ZeRO"
 MATH_TIMEOUT_S = 30
 SEARCH_TIMEOUT_S = 30
 SCREENSHOT_PAGES = ("index.html", "handbook/quickstart.html", "reference/notation.html")
+WIDTHS = (1400, 390)  # a desktop window and a phone, CSS pixels
+WIDE = WIDTHS[0]  # where every table must fit its column
 
 # JavaScript run in the page -----------------------------------------------------------------
 JS_HAS_MATH = """
@@ -66,6 +72,19 @@ return [document.querySelectorAll('mjx-container').length,
 JS_IMAGES = """
 return Array.from(document.images).map(
   (img) => [img.currentSrc || img.src, img.complete, img.naturalWidth]);
+"""
+JS_LAYOUT = """
+const article = document.querySelector('.bd-article') || document.querySelector('main')
+  || document.body;
+const doc = document.documentElement;
+const hidden = document.querySelectorAll(
+  'details.hide table, .tag_hide-cell table, .tag_hide-output table').length;
+const wide = Array.from(article.querySelectorAll('table')).filter((t) => {
+  if (t.offsetParent === null) { return false; }  // not displayed (closed dropdown)
+  const box = t.parentElement.getBoundingClientRect();
+  return t.getBoundingClientRect().width > Math.min(box.width, article.clientWidth) + 2;
+}).map((t) => (t.querySelector('th') ? t.querySelector('th').textContent : '').trim().slice(0, 40));
+return [doc.scrollWidth - doc.clientWidth, article.scrollWidth - article.clientWidth, hidden, wide];
 """
 JS_SEARCH_HITS = """
 const items = document.querySelectorAll('#search-results ul.search li, ul.search li');
@@ -152,7 +171,7 @@ def drain_logs(driver: webdriver.Chrome, base: str) -> tuple[list[str], list[str
             continue
         url = message["params"]["request"]["url"]
         parts = urlsplit(url)
-        if parts.scheme in ("data", "blob", "about", "chrome", "devtools"):
+        if parts.scheme in ("data", "blob", "about", "chrome", "chrome-untrusted", "devtools"):
             continue
         if parts.netloc != local:
             external.append(url)
@@ -190,6 +209,31 @@ def check_page(driver: webdriver.Chrome, base: str, rel: str) -> PageReport:
     if report.external_requests:
         report.problems.append(f"requests off this machine: {report.external_requests}")
     return report
+
+
+def check_layout(driver: webdriver.Chrome, base: str, rel: str, width: int) -> list[str]:
+    """Load one page at ``width`` CSS pixels and check what a reader who does not open code sees."""
+    driver.set_window_size(width, 1000)
+    driver.get(f"{base}/{rel}")
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
+    if driver.execute_script(JS_HAS_MATH):
+        driver.set_script_timeout(MATH_TIMEOUT_S)
+        with contextlib.suppress(TimeoutException):  # check_page reports MathJax problems
+            driver.execute_async_script(JS_MATH_DONE)
+    page_over, column_over, hidden, wide = driver.execute_script(JS_LAYOUT)
+    drain_logs(driver, base)
+    problems = []
+    if page_over > 1 or column_over > 1:
+        problems.append(
+            f"{width} px: horizontal overflow (page {page_over} px, main column {column_over} px)"
+        )
+    if hidden:
+        problems.append(f"{width} px: {hidden} table(s) inside a collapsed code cell")
+    if width == WIDE and wide:
+        problems.append(f"{width} px: table(s) wider than the text column: {wide}")
+    return problems
 
 
 def check_search(driver: webdriver.Chrome, base: str) -> tuple[int, list[str]]:
@@ -257,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
             report = check_page(driver, base, rel)
             reports.append(report)
             failures.extend(f"{rel}: {problem}" for problem in report.problems)
+        for width in WIDTHS:
+            for rel in pages(root):
+                failures.extend(f"{rel}: {p}" for p in check_layout(driver, base, rel, width))
+            saved_at = shots / f"{width}px"
+            for rel in SCREENSHOT_PAGES:
+                if (root / rel).is_file():
+                    screenshot(driver, base, rel, saved_at)
+        driver.set_window_size(1440, 1000)
         hits, search_problems = check_search(driver, base)
         failures.extend(f"search.html: {problem}" for problem in search_problems)
         saved = [
@@ -286,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  search {SEARCH_TERM!r}:      {hits} results")
     print(f"  console errors:    {sum(len(r.console_errors) for r in reports)}")
     print(f"  external requests: {sum(len(r.external_requests) for r in reports)}")
+    print(f"  layout checked at: {', '.join(f'{w} px' for w in WIDTHS)}")
     for path in saved:
         print(f"  screenshot:        {path}")
     if failures:

@@ -238,7 +238,7 @@ def megatron_weight_and_optimizer_bytes(
       with the distributed optimizer ``6 + 12 / DP``.
     """
     h, inter, layers = spec.hidden, spec.intermediate, spec.layers
-    gated = 1.5 if spec.family != "gpt" else 1.0
+    gated = 1.5 if spec.mlp.gated else 1.0
     attention = 2 * h * (spec.heads * spec.head_dim + spec.kv_heads * spec.head_dim)
     layer = 2 * h * (inter * gated + 2) + attention
     block = layer * layers + 2 * h

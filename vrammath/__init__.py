@@ -15,49 +15,119 @@ offload. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 2*P/N_d
 """
 
+from vrammath import symbols
+
+# Formula access for the handbook's pages, which import only from this package.
+from vrammath.activations import (
+    activation_exprs,
+    hf_activation_bytes,
+    hf_activation_terms,
+    hf_layer_bytes,
+    hf_layer_terms,
+    hf_logits_loss_terms,
+    korthikanti_first_stage_bytes,
+    korthikanti_interleave_factor,
+    korthikanti_layer_bytes,
+    korthikanti_layer_terms,
+)
+from vrammath.budget import DEFAULT_RESERVE_BYTES, Budget, budget, exact_bytes
+from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, estimate
-from vrammath.inference import Serve, kv_bytes_per_token, kv_cache_bytes, kv_cache_expr, serve
-from vrammath.model import ModelSpec, from_hf_config
-from vrammath.parallel import convention_bytes, shard_model_states, zero_paper_bytes, zero_stage
-from vrammath.params import param_count, param_counts, param_exprs
-from vrammath.peft import frozen_base_exprs, lora_param_count, lora_param_expr, lora_state_exprs
-from vrammath.presets import gpu, load_config_file, load_gpus, load_model, model_names
-from vrammath.setup import Setup
-from vrammath.solve import (
-    Budget,
-    Solution,
-    budget,
-    cheapest_fit,
-    fewest_gpus,
-    fit,
-    largest_micro_batch,
-    longest_sequence,
-    sensitivities,
-    sweep,
+from vrammath.fit import Fit, fewest_gpus, fit, largest_micro_batch, longest_sequence
+from vrammath.inference import (
+    Serve,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    kv_cache_expr,
+    serve,
+    serving_weight_bytes,
 )
-from vrammath.states import RECIPES, bytes_per_param, model_state_bytes, model_state_exprs
-from vrammath.units import GB, GiB, fmt_bytes, fmt_gb, fmt_gib
+from vrammath.inverse import Solution, largest, smallest
+from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
+from vrammath.model import ModelSpec, from_hf_config
+from vrammath.parallel import (
+    FSDP_STRATEGIES,
+    convention_bytes,
+    shard_model_states,
+    zero_communication_elements,
+    zero_paper_bytes,
+    zero_stage,
+)
+from vrammath.params import (
+    COMPONENTS,
+    largest_tensor_numel,
+    param_count,
+    param_counts,
+    param_exprs,
+    param_total_expr,
+    size_values,
+    tensors,
+)
+from vrammath.plan import Plan, cheapest_fit, recompute_cost
+from vrammath.presets import (
+    gpu,
+    load_config_file,
+    load_gpus,
+    load_model,
+    model_names,
+    raw_config,
+)
+from vrammath.quant import NF4_BLOCK, NF4_DQ_BLOCK, frozen_base_exprs, nf4_published_bits_per_param
+from vrammath.setup import Setup
+from vrammath.states import (
+    BNB_BLOCK,
+    BNB_MIN_8BIT_SIZE,
+    RECIPES,
+    bytes_per_param,
+    model_state_bytes,
+    model_state_exprs,
+    optimizer_step_temp_bytes,
+    state_values,
+)
+from vrammath.sweep import sensitivities, sweep
+from vrammath.units import (
+    GB,
+    GiB,
+    MiB,
+    dtype_bytes,
+    fmt_bytes,
+    fmt_gb,
+    fmt_gib,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BNB_BLOCK",
+    "BNB_MIN_8BIT_SIZE",
+    "COMPONENTS",
+    "DEFAULT_RESERVE_BYTES",
+    "FSDP_STRATEGIES",
     "GB",
+    "NF4_BLOCK",
+    "NF4_DQ_BLOCK",
     "RECIPES",
     "Budget",
     "Component",
     "Estimate",
+    "Fit",
     "GiB",
     "InputError",
+    "MiB",
     "ModelSpec",
+    "Plan",
     "Serve",
     "Setup",
     "Solution",
+    "activation_exprs",
     "budget",
     "bytes_per_param",
     "cheapest_fit",
     "convention_bytes",
+    "dtype_bytes",
     "estimate",
+    "exact_bytes",
     "fewest_gpus",
     "fit",
     "fmt_bytes",
@@ -66,27 +136,53 @@ __all__ = [
     "from_hf_config",
     "frozen_base_exprs",
     "gpu",
+    "hf_activation_bytes",
+    "hf_activation_terms",
+    "hf_layer_bytes",
+    "hf_layer_terms",
+    "hf_logits_loss_terms",
+    "korthikanti_first_stage_bytes",
+    "korthikanti_interleave_factor",
+    "korthikanti_layer_bytes",
+    "korthikanti_layer_terms",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_cache_expr",
+    "largest",
     "largest_micro_batch",
+    "largest_tensor_numel",
     "load_config_file",
     "load_gpus",
     "load_model",
     "longest_sequence",
+    "lora_gpt3_claims",
     "lora_param_count",
     "lora_param_expr",
     "lora_state_exprs",
+    "lora_values",
     "model_names",
     "model_state_bytes",
     "model_state_exprs",
+    "nf4_published_bits_per_param",
+    "optimizer_step_temp_bytes",
     "param_count",
     "param_counts",
     "param_exprs",
+    "param_total_expr",
+    "qlora_65b_claims",
+    "raw_config",
+    "recompute_cost",
     "sensitivities",
     "serve",
+    "serving_weight_bytes",
     "shard_model_states",
+    "size_values",
+    "smallest",
+    "state_values",
     "sweep",
+    "symbols",
+    "tensors",
+    "zero_communication_elements",
     "zero_paper_bytes",
     "zero_stage",
 ]

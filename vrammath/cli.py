@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -31,24 +32,25 @@ from vrammath.activations import (
     korthikanti_first_stage_bytes,
     korthikanti_layer_bytes,
 )
+from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.fields import Option, options
+from vrammath.fit import fit
 from vrammath.inference import Serve, ServeEstimate, kv_cache_expr, serve, serve_warnings
-from vrammath.model import ModelSpec
-from vrammath.parallel import zero_communication_elements, zero_paper_bytes, zero_stage
-from vrammath.params import param_count, param_exprs, param_total_expr, size_values
-from vrammath.peft import (
-    frozen_base_exprs,
+from vrammath.lora import (
     lora_param_count,
     lora_param_expr,
     lora_state_exprs,
     lora_step_temp_expr,
     lora_targets,
 )
+from vrammath.model import ModelSpec
+from vrammath.parallel import zero_communication_elements, zero_paper_bytes, zero_stage
+from vrammath.params import param_count, param_exprs, param_total_expr, size_values
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
+from vrammath.quant import frozen_base_exprs
 from vrammath.setup import Setup, setup_warnings
-from vrammath.solve import DEFAULT_RESERVE_BYTES, Fit, Solution, budget, fit
 from vrammath.states import model_state_exprs, optimizer_step_temp_expr
 from vrammath.symbols import P
 from vrammath.units import fmt_bytes, fmt_gb, fmt_gib
@@ -358,70 +360,22 @@ def _cmd_serve(args: argparse.Namespace) -> Result:
     return head + "\n" + est.table(), _serve_data(est)
 
 
-def _solution_dict(sol: Solution) -> dict[str, Any]:
-    return {
-        "question": sol.question,
-        "unknown": str(sol.unknown),
-        "status": sol.status,
-        "value": sol.value,
-        "method": sol.method,
-        "limit_bytes": sol.limit,
-        "bytes": sol.bytes,
-        "neighbour": sol.neighbour,
-        "neighbour_bytes": sol.neighbour_bytes,
-        "verified": sol.verified,
-        "text": str(sol),
-    }
-
-
-def fit_dict(answer: Fit) -> dict[str, Any]:
-    """``answer.as_dict()`` where :class:`~vrammath.solve.Fit` has one, else built here from its
-    fields: the budget, the plan and what was tried, each answer with its back-substitution, and
-    the breakdown it was solved on."""
-    own = getattr(answer, "as_dict", None)
-    if callable(own):
-        result: dict[str, Any] = own()
-        return result
-    bud, plan = answer.budget, answer.plan
-    return {
-        "budget": {
-            "gpu": bud.gpu,
-            "capacity_bytes": bud.capacity,
-            "headroom": bud.headroom,
-            "reserve_bytes": bud.reserve_bytes,
-            "usable_bytes": bud.usable,
-        },
-        "plan": {
-            "label": plan.label,
-            "gpus": None if plan.setup is None else plan.setup.gpus,
-            "bytes": None if plan.estimate is None else plan.estimate.gpu_bytes,
-            "limit_bytes": plan.limit,
-            "tried": [
-                {"label": t.label, "cost": str(t.cost), "bytes": t.bytes, "fits": t.fits}
-                for t in plan.tried
-            ],
-            "text": str(plan),
-        },
-        "batch": _solution_dict(answer.batch),
-        "sequence": _solution_dict(answer.sequence),
-        "gpus": _solution_dict(answer.gpus),
-        "basis": answer.basis.as_dict(),
-    }
-
-
 def _cmd_fit(args: argparse.Namespace) -> Result:
     if args.gpu is None:
         raise one_of("gpu", None, list(load_gpus()))
     setup = _training_setup(args)
-    bud = budget(args.gpu, headroom=args.headroom, reserve_bytes=round(args.reserve_gib * 2**30))
-    if bud.usable <= 0:
+    reserve = round(args.reserve_gib * 2**30)
+    capacity = load_gpus()[args.gpu].bytes if args.gpu in load_gpus() else None
+    if capacity is not None and math.floor(capacity * (1 - args.headroom)) <= reserve:
+        # the flags' names, not Budget's fields: the user typed these
         raise InputError(
             "headroom/reserve-gib",
-            f"leave nothing of {bud.gpu}'s {fmt_bytes(bud.capacity)} (usable {fmt_bytes(bud.usable)})",
+            f"leave nothing of {args.gpu}'s {fmt_bytes(capacity)}",
             got=(args.headroom, args.reserve_gib),
         )
+    bud = budget(args.gpu, headroom=args.headroom, reserve_bytes=reserve)
     answer = fit(setup, bud)
-    data = fit_dict(answer)
+    data: dict[str, Any] = answer.as_dict()
     data["warnings"] = list(setup_warnings(setup))
     return "\n".join(answer.lines()), data
 
@@ -430,7 +384,7 @@ def _formula_exprs(args: argparse.Namespace, spec: ModelSpec) -> dict[str, sympy
     term, recipe, optimizer, impl = args.term, args.recipe, args.optimizer, args.impl
     precision = PRECISION_OF[check("recipe", recipe, RECIPE_NAMES)]
     hf_terms = ("activations", "logits", "phases")
-    if term in hf_terms and spec.family == "gpt" and precision.startswith("autocast"):
+    if term in hf_terms and spec.model_type == "gpt2" and precision.startswith("autocast"):
         raise InputError("recipe", "autocast is not derived for GPT-2's activations", recipe)
     if term == "params":
         return {**param_exprs(spec), "total": param_total_expr(spec)}
@@ -594,4 +548,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["FORMULAS", "build_parser", "fit_dict", "main"]
+__all__ = ["FORMULAS", "build_parser", "main"]

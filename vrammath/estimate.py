@@ -21,6 +21,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import sympy
 
@@ -56,7 +57,7 @@ class Estimate:
     values: dict[sympy.Symbol, int] = field(repr=False)
     phase_exprs: dict[str, sympy.Expr] = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property
     def phases(self) -> dict[str, int]:
         """Bytes live at the peak of each phase of a training iteration (forward, backward,
         optimizer step), per GPU; see :mod:`vrammath.peak`."""
@@ -79,6 +80,11 @@ class Estimate:
     def gpu_expr(self) -> sympy.Expr:
         """The per-GPU peak as one expression: the largest phase (in the symbols of
         :mod:`vrammath.symbols`; evaluate with ``values``). Solvers and sweeps use this."""
+        return self._gpu_expr
+
+    @cached_property
+    def _gpu_expr(self) -> sympy.Expr:
+        # sympy.Max of symbolic phases compares them symbolically: built once, on demand
         if self.phase_exprs:
             return sympy.Max(*self.phase_exprs.values())
         return sympy.Add(
@@ -91,8 +97,35 @@ class Estimate:
         return self._total("gpu", STATE_GROUPS)
 
     @property
+    def states_plus_gathered_bytes(self) -> int:
+        """Model states plus the ZeRO-3 layers gathered in flight on one GPU (no activations):
+        what must fit before a single activation is kept.
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))
+        >>> est.states_plus_gathered_bytes - est.model_state_bytes == est.component("gathered").bytes
+        True
+        """
+        gathered = [c.bytes for c in self.components if c.key == "gathered" and c.bytes]
+        return self.model_state_bytes + sum(gathered)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activations, logits and loss buffers kept for backward on one GPU (the ``A`` of the
+        phase peaks; the peak adds other terms, see :attr:`phases`).
+
+        >>> from vrammath.presets import load_model
+        >>> est = estimate(Setup(load_model("llama-7b"), seq_len=2048))
+        >>> est.activation_bytes == sum(est.component(k).bytes for k in ("activations", "logits_loss"))
+        True
+        """
+        return self._total("gpu", ("activations",))
+
+    @property
     def gpu_bytes(self) -> int:
         """The peak per GPU, the largest phase of the iteration (what must fit)."""
+        if self.phases:  # ceil(max(x)) == max(ceil(x)): no symbolic Max needed
+            return max(self.phases.values())
         return _value(self.gpu_expr(), self.values)
 
     @property
@@ -139,7 +172,9 @@ class Estimate:
 
 def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:
     # Shards round up: the last rank holds the padding (DeepSpeed and FSDP pad to N_d).
-    return int(sympy.ceiling(expr.subs(values)))
+    # xreplace puts every number in at once (subs would simplify at each step, 10-100x slower).
+    number = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in values.items()})
+    return int(sympy.ceiling(number))
 
 
 def _values(setup: Setup) -> dict[sympy.Symbol, int]:

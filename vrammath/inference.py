@@ -42,8 +42,8 @@ from vrammath.errors import InputError, one_of, positive_int
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.model import ModelSpec
 from vrammath.params import Tensor, param_count, size_values, tensors
-from vrammath.peft import quant_tensor_exprs, quantized_tensors
 from vrammath.presets import GPU, gpu
+from vrammath.quant import quant_tensor_exprs, quantized_tensors
 from vrammath.symbols import B_kv, L, P, T, a_kv, b, blk, d, t, w_win
 from vrammath.units import dtype_bytes
 from vrammath.vocab import KV_DTYPES, SERVE_WEIGHTS, KvDtype, ServeWeights, check
@@ -193,8 +193,8 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16", *, tp: int = 1) 
 
 
 def _in_out(spec: ModelSpec, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr]:
-    # nn.Linear stores (out, in); GPT-2's Conv1D stores (in, out).
-    if spec.family == "gpt":
+    # nn.Linear stores (out, in); GPT-2's own Conv1D module stores (in, out).
+    if spec.model_type == "gpt2":
         return tensor.shape[0], tensor.shape[1]
     return tensor.shape[1], tensor.shape[0]
 
@@ -221,7 +221,7 @@ def serving_weight_exprs(
     * ``int4``: GPTQ/AWQ layout: packed 4-bit codes, an fp16 scale and a packed 4-bit zero
       point per ``group`` inputs of every output (2.5 bytes per group; GPTQ's optional ``g_idx``,
       4 bytes per input row, is not counted).
-    * ``nf4``: bitsandbytes NF4 with double quantization (see :mod:`vrammath.peft`).
+    * ``nf4``: bitsandbytes NF4 with double quantization (see :mod:`vrammath.quant`).
 
     Embeddings, the LM head and norms stay in 16 bits. With ``tp`` each GPU holds ``1/t`` of every
     sharded matrix, a full copy of the norms (and of row-parallel biases), and
@@ -454,7 +454,7 @@ class ServeEstimate:
 
     @property
     def total_with_reserve_bytes(self) -> int:
-        """Weights + constants + KV cache + the runtime reserve: all of the GPU the server takes."""
+        """All of the GPU the server takes (weights + constants + KV cache + the runtime reserve)."""
         return self.total_bytes + self.reserve_bytes
 
     def as_dict(self) -> dict[str, object]:

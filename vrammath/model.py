@@ -12,7 +12,7 @@ Formulas read the part they depend on (``spec.mlp.gated``, ``spec.norms.kind``,
 ``spec.embeddings.learned_positions``), never the architecture's name. Each Hugging Face
 ``model_type`` has one reader in :mod:`vrammath.readers` that maps its config keys to these parts;
 :func:`from_hf_config` dispatches to it. A key that changes memory and is not modelled is refused
-with an :class:`InputError`; a key no reader knows is reported in :attr:`ModelSpec.warnings`.
+with an :class:`InputError`; a key no reader knows is reported in ``ModelSpec.warnings``.
 
 Examples
 ========
@@ -207,11 +207,6 @@ class ModelSpec:
     def norm(self) -> NormKind:
         """``rmsnorm`` (weight only) or ``layernorm`` (weight and bias)."""
         return self.norms.kind
-
-    @property
-    def family(self) -> Literal["llama", "gpt"]:
-        """Deprecated: read the parts. Kept only for modules not yet moved to them."""
-        return "gpt" if self.model_type == "gpt2" else "llama"
 
 
 def from_hf_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec:

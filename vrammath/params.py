@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 
 import sympy
 
@@ -182,8 +183,14 @@ def param_total_expr(spec: ModelSpec) -> sympy.Expr:
 
 def param_counts(spec: ModelSpec) -> dict[str, int]:
     """Exact numeric parameter count per component."""
-    values = size_values(spec)
-    return {name: int(expr.subs(values)) for name, expr in param_exprs(spec).items()}
+    return dict(_param_counts(spec))
+
+
+@cache
+def _param_counts(spec: ModelSpec) -> tuple[tuple[str, int], ...]:
+    # a spec is frozen and hashable; its counts are asked for many times per estimate
+    values = {k: sympy.Integer(v) for k, v in size_values(spec).items()}
+    return tuple((name, int(expr.xreplace(values))) for name, expr in param_exprs(spec).items())
 
 
 def param_count(spec: ModelSpec) -> int:

@@ -11,7 +11,7 @@ ids, initialisation, norm epsilon, ...), and ``parts`` reads the modelled keys i
 * modelled -- read, checked and recorded in a part (a value the formulas do not describe, such
   as ``attention_dropout`` > 0, is refused with an :class:`~vrammath.errors.InputError`);
 * known harmless -- ignored on purpose (:data:`COMMON_HARMLESS` plus the reader's own list);
-* unknown -- kept as a one-line warning in :attr:`~vrammath.model.ModelSpec.warnings`.
+* unknown -- kept as a one-line warning in ``ModelSpec.warnings``.
 
 Adding an architecture means adding one reader to :data:`READERS`.
 
@@ -83,8 +83,8 @@ COMMON_HARMLESS: tuple[str, ...] = (
     "transformers_version",
     "use_cache",
 )
-"""Keys of every transformers config that change no training or serving memory: metadata,
-token ids, initialisation, the dtype of saved weights (the setup's precision decides)."""
+"""The keys of every transformers config that change no training or serving memory (metadata,
+token ids, initialisation, the dtype of saved weights: the setup's precision decides)."""
 
 # Keys whose only memory-relevant value is "off": refused when on.
 _MUST_BE_OFF = ("output_attentions", "output_hidden_states")

@@ -101,7 +101,7 @@ def estimate_table(est: Estimate) -> str:
         lines.append("not estimated: " + ", ".join(est.unestimated) + " (totals exclude them)")
     lines.append(
         "not counted: CUDA context, cuBLAS/NCCL workspaces, allocator rounding and "
-        "fragmentation (reserve them: vrammath fit --reserve-gib, solve.DEFAULT_RESERVE_BYTES)"
+        "fragmentation (reserve them: vrammath fit --reserve-gib, budget.DEFAULT_RESERVE_BYTES)"
     )
     return "\n".join(lines)
 

@@ -2,7 +2,7 @@
 
 Each field is declared once, with its CLI flag, help, allowed values and bounds
 (:mod:`vrammath.fields`); the CLI's options, ``as_dict`` and the checks below read them. Every
-rule that ties two fields together lives in :meth:`Setup.__post_init__`.
+rule that ties two fields together lives in ``Setup.__post_init__``.
 
 Examples
 ========
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
+from vrammath.lora import adapted_linears, lora_targets
 from vrammath.model import ModelSpec
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
-from vrammath.peft import adapted_linears, lora_targets
 from vrammath.presets import gpu
 from vrammath.vocab import (
     ACTIVATION_MODELS,
@@ -325,7 +325,7 @@ class Setup:
         precision = PRECISION_OF[self.recipe]
         if (
             self.activation_formula == "hf"
-            and self.model.family == "gpt"
+            and self.model.model_type == "gpt2"
             and precision.startswith("autocast")
         ):
             raise InputError(

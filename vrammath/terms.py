@@ -71,15 +71,10 @@ from vrammath.activations import (
     activation_exprs,
     korthikanti_first_stage_bytes,
 )
+from vrammath.lora import lora_activation_layer_expr, lora_state_exprs, lora_step_temp_expr
 from vrammath.params import layer_param_expr
 from vrammath.peak import Iteration
-from vrammath.peft import (
-    dequant_buffer_expr,
-    frozen_base_exprs,
-    lora_activation_layer_expr,
-    lora_state_exprs,
-    lora_step_temp_expr,
-)
+from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
 from vrammath.setup import PRECISION_OF, Setup
 from vrammath.states import Recipe, model_state_exprs, optimizer_step_temp_expr, recipe
 from vrammath.symbols import L, N_d, P
@@ -123,7 +118,7 @@ class Context:
 
     @property
     def hf_recompute(self) -> HfRecompute:
-        """Recomputation as transformers runs it: full checkpointing or none."""
+        """Recomputation as transformers runs it (full checkpointing or none)."""
         return "full" if self.setup.recompute == "full" else "none"
 
     @property
@@ -154,7 +149,7 @@ class Context:
 
     @cached_property
     def frozen_base(self) -> dict[str, sympy.Expr]:
-        """The frozen base under LoRA (:func:`vrammath.peft.frozen_base_exprs`)."""
+        """The frozen base under LoRA (:func:`vrammath.quant.frozen_base_exprs`)."""
         quant = self.setup.quant
         return frozen_base_exprs(self.setup.model, quant, self.base_bytes)
 
@@ -165,7 +160,7 @@ class Context:
 
     @cached_property
     def adapter_states(self) -> dict[str, sympy.Expr]:
-        """The adapters' states, fp32 as peft makes them (:func:`vrammath.peft.lora_state_exprs`)."""
+        """The adapters' states, fp32 as peft makes them (:func:`vrammath.lora.lora_state_exprs`)."""
         s = self.setup
         assert s.lora_rank is not None
         return lora_state_exprs(
@@ -197,20 +192,23 @@ class Term:
 
     key : str
         Stable name (the component's key in an estimate and in JSON).
-    label, note : str or a function of the Context
-        What the table prints.
-    device : "gpu" or "cpu"
-    builder : Context -> sympy.Expr or None
-        The whole-model (unsharded) bytes; ``None`` where the term does not exist.
+    label, note : str or callable
+        What the table prints (text, or a function of the :class:`Context`).
+    device : str
+        ``"gpu"`` or ``"cpu"``.
+    builder : callable
+        A function of the :class:`Context` returning the whole-model (unsharded) bytes as a
+        sympy expression, or ``None`` where the term does not exist.
     group : one of :data:`GROUPS`
         Which total of :class:`vrammath.peak.Groups` the term enters.
-    live : "resident", "forward+backward", "backward", "backward+step" or "step"
-        When the term is alive in an iteration (documentation of the group's place in the
+    live : str
+        ``"resident"``, ``"forward+backward"``, ``"backward"``, ``"backward+step"`` or ``"step"``:
+        when the term is alive in an iteration (documentation of the group's place in the
         phase models, and of the rows that share a group but not a time, as ``reduce_buffer``).
     sharded_from : int or None
         The ZeRO stage from which the term is divided over ``N_d`` (None: never).
-    offload : "params", "optimizer" or None
-        A GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
+    offload : str or None
+        ``"params"`` or ``"optimizer"``: a GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
         sharded); a CPU term exists only under it.
     listed : bool
         Whether the estimate lists it as a component (False: a phase transient only).

@@ -3,7 +3,7 @@ transformers' own cache objects, against vrammath's formulas -- byte for byte.
 
 Needs the ``measure`` extra (torch, transformers, peft). The root conftest skips this folder when
 torch or transformers is missing; peft is checked here. QLoRA is not measured: bitsandbytes' 4-bit
-kernels need CUDA (see ``vrammath.peft.qlora_65b_claims`` for the published figures instead).
+kernels need CUDA (see ``vrammath.claims.qlora_65b_claims`` for the published figures instead).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from vrammath.inference import kv_cache_bytes
+from vrammath.lora import lora_activation_layer_expr, lora_param_count
 from vrammath.measure.lora import (
     KV_CONFIGS,
     config_dict,
@@ -23,7 +24,6 @@ from vrammath.measure.lora import (
 )
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values
-from vrammath.peft import lora_activation_layer_expr, lora_param_count
 from vrammath.presets import load_model
 from vrammath.symbols import b, r, s
 

@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from vrammath.lora import HF_MODULES, lora_targets
 from vrammath.measure.build import as_spec, build_model, real_training_masks
 from vrammath.model import ModelSpec
-from vrammath.peft import HF_MODULES, lora_targets
 
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
 

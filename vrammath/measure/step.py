@@ -236,7 +236,7 @@ def measure_training_step(
             "steps": steps,
             "layers": spec.layers if layers is None else layers,
             "device": device,
-            "gelu": gelu if spec.family == "gpt" else None,
+            "gelu": None if spec.mlp.gated else gelu,
         },
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }

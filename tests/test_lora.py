@@ -5,29 +5,27 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import estimate
-from vrammath.model import from_hf_config
-from vrammath.params import param_count, size_values
-from vrammath.peft import (
+from vrammath.lora import (
     LORA_TARGETS,
-    frozen_base_exprs,
     lora_activation_layer_expr,
-    lora_gpt3_claims,
     lora_param_count,
     lora_state_exprs,
     lora_targets,
-    nf4_published_bits_per_param,
-    qlora_65b_claims,
-    quantized_tensors,
 )
+from vrammath.model import from_hf_config
+from vrammath.params import param_count, size_values
 from vrammath.presets import load_model, raw_config
+from vrammath.quant import frozen_base_exprs, nf4_published_bits_per_param, quantized_tensors
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import b, r, s
@@ -326,3 +324,11 @@ def test_cli_lora_bad_input(
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert f"{field}: " in err
+
+
+@pytest.mark.parametrize("value", [None, 7, ["q", 7], {"q"}])
+def test_lora_targets_refuse_non_text(value: object) -> None:
+    with pytest.raises(
+        InputError, match=r"lora_targets: must be text or a list of names from q, k"
+    ):
+        lora_targets(cast(Any, value))

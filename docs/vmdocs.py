@@ -1,0 +1,235 @@
+"""What the handbook's pages share: tables, figures, unit formatting, glue, and named setups.
+
+Pages import ``vrammath`` (the public API, for every number) and this module (for how a number
+is shown). Nothing here adds, subtracts or re-derives a memory term.
+
+* :func:`md_table`, :func:`svg`, :func:`gbs`, :func:`gibs`, :func:`pct`, :func:`g` -- display.
+* :data:`SETUPS` -- the registry of named setups that more than one page shows. A page takes a
+  named setup with :func:`named` and glues its numbers from :func:`named_estimate`, which also
+  records them (``docs/_build/vmdocs-records/<sources hash>/<page>.json``); ``conf.py``'s
+  ``build-finished`` hook fails the build if two pages recorded different numbers for one name
+  or if they differ from ``vrammath estimate ... --json`` for that setup.
+* :func:`fits_text` -- every "fits / does not fit" sentence, from :meth:`vrammath.Estimate.fits`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import sympy
+from IPython.display import SVG, Markdown
+from myst_nb import glue
+
+import vrammath as vm
+
+# --- display -----------------------------------------------------------------------------------
+
+
+def md_table(header: list[str] | tuple[str, ...], rows: Any) -> Markdown:
+    """A Markdown table (rendered by MyST, so ``$math$`` in cells works)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return Markdown("\n".join(lines))
+
+
+def svg(fig: Any) -> SVG:
+    """The figure as SVG (independent of the matplotlib backend), then closed."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    return SVG(buf.getvalue())
+
+
+def gbs(x: float) -> str:
+    """Bytes as GB (1e9 bytes), labelled."""
+    return f"{x / vm.GB:,.2f} GB"
+
+
+def gibs(x: float) -> str:
+    """Bytes as GiB (2**30 bytes), labelled."""
+    return f"{x / vm.GiB:,.2f} GiB"
+
+
+def count(n: int) -> str:
+    """An integer with thousands separators that may break after a comma in a narrow column."""
+    return f"{n:,}".replace(",", ",\u200b")
+
+
+def pct(part: float, whole: float) -> float:
+    """``part`` as a percentage of ``whole``: the two quantities the sentence names."""
+    return 100 * float(part) / float(whole)
+
+
+def g(name: str, value: Any) -> Any:
+    """Glue a value for the prose (not displayed where computed); returns it."""
+    glue(name, value, display=False)
+    return value
+
+
+def fits_text(est: vm.Estimate) -> str:
+    """ "fits" or "does not fit", from :meth:`vrammath.Estimate.fits` (the CLI's comparison)."""
+    verdict = est.fits()
+    if verdict is None:
+        raise ValueError("the setup names no GPU")
+    return "fits" if verdict else "does not fit"
+
+
+def latex(obj: sympy.Basic) -> str:
+    """LaTeX in the notation table's symbols (``P`` is written ``\\Psi``), for table cells."""
+    names = {row.symbol: row.latex for row in vm.symbols.notation()}
+    return sympy.latex(obj, symbol_names=names)
+
+
+def _notation_latex(obj: sympy.Basic) -> str:
+    return "$\\displaystyle " + latex(obj) + "$"
+
+
+def use_notation() -> None:
+    """Render glued sympy objects with the notation table's LaTeX (``P`` prints as Psi)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/latex"].for_type(sympy.Basic, _notation_latex)
+
+
+use_notation()
+
+# --- named setups --------------------------------------------------------------------------------
+
+#: name -> (preset, Setup fields). One entry per setup that more than one page shows.
+SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
+    # the activations chapter and bank: LLaMA-7B, ZeRO-3 over 8 A100s, one sequence, SDPA
+    "llama7b-zero3-8xa100": (
+        "llama-7b",
+        {
+            "zero": 3,
+            "gpus": 8,
+            "micro_batch": 1,
+            "seq_len": 2048,
+            "attention": "sdpa",
+            "implementation": "fused",
+            "gpu": "A100-80GB",
+        },
+    ),
+    # the 72B question's offload plan (audit row 14 and "Checking the advice")
+    "qwen72b-zero3-offload-full-b4": (
+        "qwen2-72b",
+        {
+            "zero": 3,
+            "gpus": 8,
+            "offload_optimizer": True,
+            "micro_batch": 4,
+            "seq_len": 4096,
+            "implementation": "fused",
+            "recompute": "full",
+            "gpu": "A100-80GB",
+        },
+    ),
+    "qwen72b-zero3-offload-none-b4": (
+        "qwen2-72b",
+        {
+            "zero": 3,
+            "gpus": 8,
+            "offload_optimizer": True,
+            "micro_batch": 4,
+            "seq_len": 4096,
+            "implementation": "fused",
+            "gpu": "A100-80GB",
+        },
+    ),
+    # the 72B question's "micro-batch 2, full recomputation, no offload" (rows 16 and 22)
+    "qwen72b-zero3-full-b2": (
+        "qwen2-72b",
+        {
+            "zero": 3,
+            "gpus": 8,
+            "micro_batch": 2,
+            "seq_len": 4096,
+            "implementation": "fused",
+            "recompute": "full",
+            "gpu": "A100-80GB",
+        },
+    ),
+}
+
+_CLI_FLAGS = {
+    "recipe": "--recipe",
+    "optimizer": "--optimizer",
+    "implementation": "--impl",
+    "zero": "--zero",
+    "gpus": "--gpus",
+    "micro_batch": "--batch",
+    "seq_len": "--seq",
+    "attention": "--attention",
+    "recompute": "--recompute",
+    "gpu": "--gpu",
+}
+_CLI_SWITCHES = {"offload_optimizer": "--offload-optimizer", "offload_params": "--offload-params"}
+
+
+def named(name: str, **changes: Any) -> vm.Setup:
+    """The registered setup ``name`` (``changes`` give a variant, which is not recorded)."""
+    preset, fields = SETUPS[name]
+    return vm.Setup(vm.load_model(preset), **{**fields, **changes})
+
+
+def cli_args(name: str) -> list[str]:
+    """``vrammath estimate`` arguments for the registered setup ``name``."""
+    preset, fields = SETUPS[name]
+    args = [preset]
+    for key, value in fields.items():
+        if key in _CLI_SWITCHES:
+            if value:
+                args.append(_CLI_SWITCHES[key])
+        else:
+            args += [_CLI_FLAGS[key], str(value)]
+    return [*args, "--json"]
+
+
+def record_of(est: vm.Estimate) -> dict[str, Any]:
+    """The numbers a page may glue for a setup, as the CLI's JSON names them."""
+    data: dict[str, Any] = est.as_dict()
+    return {
+        "totals": data["totals"],
+        "phases": data["phases"],
+        "components": {c["key"]: c["bytes"] for c in data["components"]},
+        "fits": None if data["gpu"] is None else data["gpu"]["fits"],
+    }
+
+
+def record(name: str, page: str, key: str, value: Any) -> Any:
+    """Record one glued value of the named setup ``name`` on ``page`` for the build's check."""
+    folder = os.environ.get("VRAMMATH_DOCS_RECORDS")
+    if folder:
+        path = Path(folder) / (page.replace("/", "__") + ".json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        records = json.loads(path.read_text()) if path.is_file() else {}
+        records.setdefault(name, {})[key] = value
+        path.write_text(json.dumps(records, indent=1, sort_keys=True))
+    return value
+
+
+def named_estimate(name: str, page: str) -> vm.Estimate:
+    """``vm.estimate`` of the registered setup ``name``, recorded for the build's check."""
+    est = vm.estimate(named(name))
+    record(name, page, "estimate", record_of(est))
+    return est
+
+
+def longest_sequence(name: str, page: str, **changes: Any) -> int:
+    """``vm.longest_sequence`` (256-token steps, the default reserve) of a registered setup with
+    ``changes``, recorded for the build's check; 0 if none fits."""
+    sol = vm.longest_sequence(vm.estimate(named(name, **changes)), multiple_of=256)
+    assert sol.status != "ok" or sol.verified
+    value = int(sol.value) if sol.status == "ok" else 0
+    tag = ",".join(f"{k}={v}" for k, v in sorted(changes.items()))
+    return int(record(name, page, f"longest_sequence[{tag}]", value))

@@ -1,0 +1,162 @@
+"""Storage formats of a quantized frozen base: NF4 with double quantization, NF4 without, LLM.int8.
+
+QLoRA (Dettmers et al. 2023) stores the frozen linear weights in 4-bit NormalFloat (NF4) with one
+absmax per block of 64 and quantizes those constants again (double quantization); LLM.int8 keeps
+int8 codes and one fp32 scale per output row. Embeddings, norms and the LM head stay in 16 bits.
+The same storage serves fine-tuning (:mod:`vrammath.lora`) and serving (:mod:`vrammath.inference`).
+
+Examples
+========
+
+>>> nf4_published_bits_per_param() - 4  # bits of quantization constants per parameter
+65/512
+>>> from vrammath.presets import load_model
+>>> dequant_buffer_expr(load_model("llama-7b"))
+2*I*h
+
+References
+==========
+
+.. [1] Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs", arXiv:2305.14314,
+   section 3 (NF4, block size 64, double quantization: 8/64 + 32/(64*256) = 0.127 bits/param).
+.. [2] bitsandbytes ``functional.quantize_4bit`` (packed uint8 codes, fp32 absmax per block;
+   with ``compress_statistics`` the absmax minus its mean is quantized to uint8 in blocks of 256).
+.. [3] Dettmers et al. 2022, "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale",
+   arXiv:2208.07339 (int8 codes with a per-row scale).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from vrammath.errors import one_of
+from vrammath.model import ModelSpec
+from vrammath.params import Tensor, size_values, tensors
+from vrammath.symbols import L, P
+
+QUANTS = ("nf4", "nf4-nodq", "int8")
+NF4_BLOCK = 64  # QLoRA's block size for the first-level absmax
+NF4_DQ_BLOCK = 256  # block size of the second level (double quantization)
+
+
+def _check_quant(quant: str) -> None:
+    if quant not in QUANTS:
+        raise one_of("quant", quant, QUANTS)
+
+
+def nf4_published_bits_per_param(double_quant: bool = True) -> sympy.Expr:
+    """Bits per parameter of NF4 as QLoRA publishes it: 4 + the quantization constants.
+
+    Block size 64 with fp32 constants costs 32/64 = 0.5 bits; double quantization stores them in
+    8 bits with one fp32 constant per 256 of them: 8/64 + 32/(64 * 256) = 0.127 bits.
+
+    >>> nf4_published_bits_per_param(False), float(nf4_published_bits_per_param() - 4)
+    (9/2, 0.126953125)
+    """
+    four = sympy.Integer(4)
+    if double_quant:
+        return four + sympy.Rational(8, NF4_BLOCK) + sympy.Rational(32, NF4_BLOCK * NF4_DQ_BLOCK)
+    return four + sympy.Rational(32, NF4_BLOCK)
+
+
+def quantized_tensors(spec: ModelSpec) -> list[Tensor]:
+    """The tensors a 4-/8-bit load quantizes: every linear weight inside the decoder layers.
+
+    Embeddings, the LM head (transformers keeps ``lm_head`` out of bitsandbytes' conversion),
+    norms and biases stay in 16 bits.
+    """
+    return [
+        t
+        for t in tensors(spec)
+        if t.component in ("attention", "mlp") and len(t.shape) == 2 and t.count == L
+    ]
+
+
+def quant_tensor_exprs(tensor: Tensor, quant: str) -> tuple[sympy.Expr, sympy.Expr]:
+    """(codes, constants) bytes of one quantized tensor, as bitsandbytes stores it.
+
+    * ``nf4``: ``ceil(n/2)`` packed codes; a uint8 absmax per 64, an fp32 absmax per 256 of those
+      and the fp32 mean subtracted before (double quantization).
+    * ``nf4-nodq``: ``ceil(n/2)`` codes and an fp32 absmax per 64.
+    * ``int8`` (LLM.int8): ``n`` int8 codes and one fp32 scale per output row (``SCB``).
+
+    The 16-entry NF4 code table and the 256-entry dynamic map (at most 1 KiB each) are ignored.
+
+    >>> from vrammath.symbols import h
+    >>> w = Tensor("w", (h, h), L, "attention")
+    >>> quant_tensor_exprs(w, "nf4")
+    (ceiling(h**2/2), ceiling(h**2/64) + 4*ceiling(ceiling(h**2/64)/256) + 4)
+    """
+    _check_quant(quant)
+    n = tensor.numel
+    if quant == "int8":
+        return n, 4 * tensor.shape[0]
+    codes = sympy.ceiling(n / 2)
+    blocks = sympy.ceiling(n / NF4_BLOCK)
+    if quant == "nf4":
+        return codes, blocks + 4 * sympy.ceiling(blocks / NF4_DQ_BLOCK) + 4
+    return codes, 4 * blocks
+
+
+def frozen_base_exprs(
+    spec: ModelSpec, quant: str | None = None, base_bytes: int = 2
+) -> dict[str, sympy.Expr]:
+    """Bytes of the frozen base: ``weights`` (16-bit parts + codes) and ``quant_constants``.
+
+    Without quantization the whole base sits in its dtype: ``base_bytes * P``.
+
+    >>> from vrammath.presets import load_model
+    >>> frozen_base_exprs(load_model("llama-7b"))
+    {'weights': 2*P, 'quant_constants': 0}
+    >>> from vrammath.params import size_values
+    >>> from vrammath.states import state_values
+    >>> e = frozen_base_exprs(load_model("llama-7b"), "nf4")
+    >>> spec = load_model("llama-7b")
+    >>> [int(v.subs(state_values(spec))) for v in e.values()]
+    [3762823168, 102769536]
+    """
+    if quant is None:
+        return {"weights": base_bytes * P, "quant_constants": sympy.Integer(0)}
+    _check_quant(quant)
+    codes = sympy.Integer(0)
+    consts = sympy.Integer(0)
+    numel = sympy.Integer(0)
+    values = size_values(spec)
+    for t in quantized_tensors(spec):
+        c, k = quant_tensor_exprs(t, quant)
+        if quant != "int8" and int(t.numel.subs(values)) % 2 == 0:
+            c = t.numel / 2  # ceil(n/2) of an even size, written plainly
+        codes += t.count * c
+        consts += t.count * k
+        numel += t.count * t.numel
+    return {
+        "weights": base_bytes * P + sympy.factor_terms(sympy.expand(codes - base_bytes * numel)),
+        "quant_constants": consts,
+    }
+
+
+def dequant_buffer_expr(spec: ModelSpec, compute_bytes: int = 2) -> sympy.Expr:
+    """Transient bytes of dequantizing one frozen matrix for a matmul (forward or backward).
+
+    bitsandbytes' ``MatMul4Bit`` dequantizes the whole weight to the compute dtype, one layer at
+    a time: the largest quantized matrix in ``compute_bytes``.
+
+    >>> from vrammath.presets import load_model
+    >>> dequant_buffer_expr(load_model("llama-7b"))
+    2*I*h
+    """
+    values = size_values(spec)
+    largest = max(quantized_tensors(spec), key=lambda t: int(t.numel.subs(values)))
+    return compute_bytes * largest.numel
+
+
+__all__ = [
+    "NF4_BLOCK",
+    "NF4_DQ_BLOCK",
+    "QUANTS",
+    "dequant_buffer_expr",
+    "frozen_base_exprs",
+    "nf4_published_bits_per_param",
+    "quant_tensor_exprs",
+    "quantized_tensors",
+]
