@@ -224,6 +224,9 @@ def hf_config_of(cfg: Mapping[str, object], *, attention: str, layers: int | Non
             key = type(config).attribute_map.get("num_hidden_layers", "num_hidden_layers")
             for name in ("num_hidden_layers", key):
                 rest.pop(name, None)
+            kinds = rest.get("layer_types")
+            if isinstance(kinds, list):  # uniform here (else all layers run): keep its length
+                rest["layer_types"] = kinds[:layers]
             config = transformers.AutoConfig.for_model(model_type, **rest, **{key: layers})
     except (ValueError, TypeError, KeyError) as exc:
         raise InputError(
