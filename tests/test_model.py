@@ -93,8 +93,9 @@ def test_attention_bias_llama() -> None:
         ),
         (
             {"model_type": "bert"},
-            "model_type: must be one of gpt2, llama, mistral, qwen2 (any other: measure it exactly "
-            "with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'bert')",
+            "model_type: must be one of gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, "
+            "qwen2 (any other: measure it exactly with `vrammath derive CONFIG.json`, needs the "
+            "'measure' extra) (got 'bert')",
         ),
         (
             {"num_local_experts": 8},

@@ -30,7 +30,7 @@ import sympy
 
 from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
-from vrammath.symbols import I, L, V, a, a_kv, b, d, h, m, p, s, t
+from vrammath.symbols import I, L, V, a, a_kv, b, d, h, m, p, s, t, w_win
 
 Parallel = Literal["none", "tp", "tp_sp"]
 Recompute = Literal["none", "selective", "full"]
@@ -388,6 +388,16 @@ def _norm_kept(spec: ModelSpec, precision: str, device: str) -> sympy.Expr:
     return c * sb * h + 2 * stats * b * s
 
 
+def _unit_offset_norm_kept() -> sympy.Expr:
+    """Bytes one Gemma RMSNorm keeps: it computes in fp32 whatever the dtype.
+
+    Its fp32 input (a copy for 16-bit models, the input itself in fp32), the inverse RMS (4bs),
+    the fp32 normalised tensor that multiplies ``1 + weight`` and that fp32 vector (4h): the
+    cast back to the model's dtype keeps nothing.
+    """
+    return 8 * s * b * h + 4 * b * s + 4 * h
+
+
 def hf_layer_terms(
     spec: ModelSpec,
     attention: Attention = "sdpa",
@@ -395,6 +405,7 @@ def hf_layer_terms(
     *,
     gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
+    sliding: bool = False,
 ) -> dict[str, sympy.Expr]:
     """Bytes one decoder layer of transformers' implementation keeps for backward, per tensor group.
 
@@ -428,6 +439,14 @@ def hf_layer_terms(
       caches and the linears keep for backward (2 bytes per weight).
 
     Dropout is off in these models (attention_dropout 0.0) and keeps nothing.
+
+    ``sliding=True`` gives a layer of a sliding window of w tokens (:func:`window_reached`). Eager
+    attention keeps the same tensors (the window only changes the mask's values). SDPA does not
+    once s >= w: transformers then passes an explicit mask, which turns off SDPA's GQA path, so
+    K and V are repeated to a heads (as in eager; a single KV head stays a stride-0 view, but
+    for K under autocast, whose cast to 16 bits copies it) and the
+    kernel keeps the boolean mask converted to the query's dtype, ``window_mask`` = c b s^2
+    (measured on a CPU).
 
     Examples
     ========
@@ -464,22 +483,51 @@ def hf_layer_terms(
     .. [1] transformers ``models/llama/modeling_llama.py`` (v5), PyTorch
        ``tools/autograd/derivatives.yaml`` (what each op saves).
     """
+    if spec.norms.kind == "layernorm" and not spec.embeddings.learned_positions:
+        return neox_layer_terms(spec, attention, precision, device=device)
     if spec.norms.kind == "layernorm":
         return gpt2_layer_terms(spec, attention, precision, gelu=gelu, device=device)
     if not spec.mlp.gated:
         raise InputError("mlp.gated", "an RMSNorm model with a plain MLP is not derived", got=False)
     _check("attention", attention, ATTENTIONS)
     c, autocast = _precision(precision)
+    softcap = spec.attention.softcap is not None
+    if softcap and attention == "sdpa":
+        raise InputError(
+            "attention",
+            "sdpa: transformers' SDPA refuses attention softcapping (attn_logit_softcapping); "
+            "allowed: eager",
+            got=attention,
+        )
+    offset = spec.norms.unit_offset
+    if offset and autocast:
+        raise one_of("precision", precision, ("fp32", "bf16", "fp16"))
     sb = s * b
-    norms = 2 * _norm_kept(spec, precision, device)
+    n_norms = 4 if spec.norms.placement == "sandwich" else 2
+    norms = n_norms * (_unit_offset_norm_kept() if offset else _norm_kept(spec, precision, device))
+    if spec.attention.qk_norm:
+        if not offset:
+            raise InputError("attention.qk_norm", "is derived for Gemma's norms only", got=True)
+        # Gemma-3: the same fp32 norm over head_dim, per query and per KV head
+        norms += (a + a_kv) * (8 * sb * d + 4 * b * s) + 2 * 4 * d
     inputs = 3 * 2 * sb * h + 2 * 2 * sb * h if autocast else 2 * c * sb * h
     kv_heads = a_kv if attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM else a
-    qkv = c * sb * d * (a + 2 * kv_heads)
+    masked = sliding and attention == "sdpa"
+    k_heads = v_heads = kv_heads
+    if masked and kv_heads == a_kv:
+        repeated = a_kv + window_reached() * (a - a_kv)
+        # repeat_kv of a single KV head is a stride-0 view that SDPA keeps as it is, unless
+        # autocast's cast of the fp32 post-RoPE key materialises it
+        k_heads = repeated if spec.kv_heads > 1 or autocast else a_kv
+        v_heads = repeated if spec.kv_heads > 1 else a_kv
+    qkv = c * sb * d * (a + k_heads + v_heads)
     scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    if softcap:  # cap * tanh(scores / cap): tanh keeps its output
+        scores += c * a * s**2 * b
     output = c * sb * a * d
     mlp = 4 * c * sb * I
     casts = 2 * (2 * h * a * d + 2 * h * a_kv * d + 3 * h * I) if autocast else sympy.Integer(0)
-    return {
+    terms = {
         "norms": sympy.expand(norms),
         "inputs": sympy.expand(inputs),
         "qkv": sympy.expand(qkv),
@@ -488,14 +536,73 @@ def hf_layer_terms(
         "mlp": sympy.expand(mlp),
         "weight_casts": sympy.expand(casts),
     }
+    if masked:
+        terms["window_mask"] = window_reached() * c * b * s**2
+    return terms
 
 
-GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 6}
+# ---------------------------------------------------------------------------------------------
+# Sliding-window layers (Mistral, Qwen2 with use_sliding_window, Gemma-2/3)
+# ---------------------------------------------------------------------------------------------
+
+
+def window_reached() -> sympy.Expr:
+    """1 once the sequence reaches the window (s >= w), else 0.
+
+    transformers skips the mask (SDPA's ``is_causal``) only while the key length is below the
+    window (``masking_utils._ignore_causal_mask_sdpa``); from s = w on it builds an explicit one.
+
+    >>> from vrammath.symbols import s, w_win
+    >>> [window_reached().subs({s: n, w_win: 4096}) for n in (4095, 4096)]
+    [0, 1]
+    """
+    return sympy.Piecewise((1, s >= w_win), (0, True))
+
+
+def _window_layer_count(spec: ModelSpec) -> sympy.Expr:
+    """Layers with a sliding window: L when all of them slide, else the spec's number."""
+    n = spec.attention.window_layers if spec.sliding_window is not None else 0
+    return L if n == spec.layers else sympy.Integer(n)
+
+
+def _stacked_layers(
+    spec: ModelSpec,
+    attention: Attention,
+    precision: Precision,
+    gelu: str | None,
+    device: Literal["cuda", "cpu"],
+) -> sympy.Expr:
+    """All L layers without recomputation: global layers plus sliding-window layers."""
+    full = hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device)
+    n = _window_layer_count(spec)
+    if n == 0:
+        return L * full
+    sliding = hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device, sliding=True)
+    return (L - n) * full + n * sliding
+
+
+def _checkpoint_masks(spec: ModelSpec, attention: Attention, res: int) -> sympy.Expr:
+    """The masks the layer checkpoints hold under full recomputation.
+
+    Eager: one additive (b, 1, s, s) mask in the parameters' dtype per kind of layer (causal,
+    sliding). SDPA: only sliding layers at s >= w have one, a boolean (1, 1, s, s) broadcast
+    over the batch.
+    """
+    n = _window_layer_count(spec)
+    if attention == "eager":
+        kinds = 1 + (1 if n not in (0, L) else 0)
+        return kinds * res * b * s**2
+    return window_reached() * s**2 if n != 0 else sympy.Integer(0)
+
+
+GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 7}
 """I-sized tensors each GeLU variant of transformers keeps for backward (besides its output).
 
 ``gelu`` and ``gelu_pytorch_tanh`` are single PyTorch ops that keep their input; ``gelu_new`` (GPT-2's
 config) is written in Python, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, and autograd keeps
-x, the tanh output, 0.5x and 1 + tanh (measured); ``gelu_fast`` is derived the same way, not measured.
+x, the tanh output, 0.5x and 1 + tanh (measured); ``gelu_fast``,
+``0.5 x (1 + tanh(0.79788456 x (1 + 0.044715 x x)))``, keeps x, 0.044715x, 0.79788456x, the
+inner sum, the tanh output, 0.5x and 1 + tanh (measured with GPT-NeoX).
 """
 
 
@@ -591,6 +698,72 @@ def gpt2_layer_terms(
     }
 
 
+def neox_layer_terms(
+    spec: ModelSpec,
+    attention: Attention = "sdpa",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr]:
+    """Bytes one ``GPTNeoXLayer`` of transformers keeps for backward, per tensor group.
+
+    Explanation
+    ===========
+
+    GPT-NeoX (Pythia, GPT-NeoX-20B): LayerNorm with bias, one ``query_key_value`` projection,
+    RoPE on the first ``rotary_dim`` dimensions of each head, ``dense``, and a plain GeLU MLP
+    (``dense_h_to_4h``, ``dense_4h_to_h``); with ``use_parallel_residual`` both norms read the
+    same layer input. Dropout is 0 (the reader refuses more). With c the compute bytes and S the
+    bytes of a LayerNorm statistic (:func:`gpt2_layer_terms`):
+
+    * ``norms`` -- each LayerNorm keeps its input (c sbh) and two statistics (S bs each); with the
+      parallel residual both inputs are the same tensor, kept once.
+    * ``inputs`` -- the inputs of ``query_key_value`` and ``dense_h_to_4h``: 2c sbh.
+    * ``qkv`` -- Q and K after RoPE (the ``cat`` of rotated and passed dimensions, c sbh each)
+      and V; V is a view of the fused projection's output, so SDPA keeps that whole (b, s, 3h)
+      output (3c sbh) and one more c sbh (measured on a CPU), while eager attention's
+      ``matmul`` keeps a contiguous copy of V (c sbh).
+    * ``scores`` -- as LLaMA's: eager keeps the fp32 softmax output and its 16-bit cast; SDPA
+      the log-sum-exp, 4asb.
+    * ``output`` -- ``dense``'s input, c sbh.
+    * ``mlp`` -- the GeLU's kept tensors (:data:`GELU_KEPT`) and its output: (k + 1) c sbI.
+
+    Examples
+    ========
+
+    >>> from vrammath.model import from_hf_config
+    >>> spec = from_hf_config({"model_type": "gpt_neox", "hidden_size": 64,
+    ...     "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+    ...     "vocab_size": 100})
+    >>> neox_layer_terms(spec, "sdpa", "bf16")["qkv"]
+    12*b*h*s
+
+    References
+    ==========
+
+    .. [1] transformers ``models/gpt_neox/modeling_gpt_neox.py`` (v5).
+    """
+    _check("attention", attention, ATTENTIONS)
+    _check("precision", precision, ("fp32", "bf16", "fp16"))
+    _check("device", device, DEVICES)
+    c, _ = _precision(precision)
+    sb = s * b
+    norm = _norm_kept(spec, precision, device)
+    stats = norm - c * sb * h
+    norms = norm + stats if spec.norms.parallel_residual else 2 * norm
+    kept_v = 4 * c * sb * h if attention == "sdpa" else c * sb * h
+    scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    return {
+        "norms": sympy.expand(norms),
+        "inputs": 2 * c * sb * h,
+        "qkv": sympy.expand(2 * c * sb * h + kept_v),
+        "scores": sympy.expand(scores),
+        "output": c * sb * h,
+        "mlp": (GELU_KEPT[spec.mlp.activation] + 1) * c * sb * I,
+        "weight_casts": sympy.Integer(0),
+    }
+
+
 def hf_layer_bytes(
     spec: ModelSpec,
     attention: Attention = "sdpa",
@@ -598,6 +771,7 @@ def hf_layer_bytes(
     *,
     gelu: str | None = None,
     device: Literal["cuda", "cpu"] = "cuda",
+    sliding: bool = False,
 ) -> sympy.Expr:
     """Bytes one decoder layer keeps for backward: the sum of :func:`hf_layer_terms`.
 
@@ -605,7 +779,7 @@ def hf_layer_bytes(
     >>> hf_layer_bytes(load_model("llama-7b"), "sdpa", "bf16")
     8*I*b*s + 4*a*b*d*s + 4*a*b*s + 4*a_kv*b*d*s + 16*b*h*s + 8*b*s
     """
-    terms = hf_layer_terms(spec, attention, precision, gelu=gelu, device=device)
+    terms = hf_layer_terms(spec, attention, precision, gelu=gelu, device=device, sliding=sliding)
     return sympy.expand(sum(terms.values(), sympy.Integer(0)))
 
 
@@ -635,8 +809,10 @@ def hf_logits_loss_terms(spec: ModelSpec, precision: Precision = "bf16") -> dict
     """
     c, _ = _precision(precision)
     sb = s * b
+    # Gemma-2's cap * tanh(logits / cap): tanh keeps its output in the logits' dtype
+    capped = c * sb * V if spec.embeddings.logit_softcap is not None else 0
     return {
-        "kept": 4 * sb * V + 8 * sb + 8 + 8 * sympy.KroneckerDelta(b, 1),
+        "kept": 4 * sb * V + 8 * sb + 8 + 8 * sympy.KroneckerDelta(b, 1) + capped,
         "forward_transient": c * sb * V + (4 * sb * V if c == 2 else 0),
         "backward_transient": 8 * sb * V,
     }
@@ -692,21 +868,29 @@ def hf_activation_terms(
     sb = s * b
     if recompute == "full":
         layers = L * res * sb * h
-        if attention == "eager":  # the checkpoints also hold the (b, 1, s, s) additive mask
-            layers += res * b * s**2
+        layers += _checkpoint_masks(spec, attention, res)  # the checkpoints also hold the masks
         if not spec.embeddings.learned_positions:  # ... and RoPE's (1, s) int64 position ids
             layers += 8 * s
     else:
-        layers = L * hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device)
+        layers = _stacked_layers(spec, attention, precision, gelu, device)
     terms: dict[str, sympy.Expr] = {"layers": layers}
     learned = spec.embeddings.learned_positions
     if not learned:
-        terms["rope"] = 2 * s * d * res
+        rotary = spec.attention.rotary_dim
+        # a partial table has 2 ceil(r / 2) columns: the frequencies of every other dimension, twice
+        width = d if rotary is None else 2 * (-(-rotary // 2))
+        terms["rope"] = 2 * s * width * res
+        n_win = _window_layer_count(spec)
+        if spec.attention.qk_norm and n_win not in (0, L):
+            # Gemma-3: a second (cos, sin) pair with the sliding layers' own base
+            terms["rope"] *= 2
     if spec.embeddings.dropout > 0:
         terms["embedding_dropout"] = _dropout_mask_bytes(c, device) * sb * h
     if learned:
         terms["positions"] = 8 * s  # int64 position ids kept by the position embedding
-    terms["final_norm"] = _norm_kept(spec, precision, device)
+    terms["final_norm"] = (
+        _unit_offset_norm_kept() if spec.norms.unit_offset else _norm_kept(spec, precision, device)
+    )
     if learned:
         terms["labels_copy"] = 8 * sb  # one more int64 (b, s) tensor GPT-2 keeps (measured)
     terms["head_input"] = (2 if autocast else c) * sb * h
@@ -784,4 +968,6 @@ __all__ = [
     "korthikanti_interleave_factor",
     "korthikanti_layer_bytes",
     "korthikanti_layer_terms",
+    "neox_layer_terms",
+    "window_reached",
 ]

@@ -9,7 +9,7 @@ served whole from a block whose remainder is too small to split), and ``max_memo
 counts the *segments* obtained from ``cudaMalloc`` (2 MiB for small requests, 20 MiB for
 requests between 1 and 10 MiB, larger ones rounded up to 2 MiB), free space inside them
 included. :func:`replay` runs a log of allocations and frees (:class:`Event`, recorded from a fake
-training step by :mod:`vrammath.measure.allocator_events`) through the documented rules of
+training step by ``vrammath.measure.allocator_events``) through the documented rules of
 ``c10/cuda/CUDACachingAllocator.cpp``:
 
 * sizes rounded up to ``K_MIN_BLOCK_SIZE`` (512 B);
@@ -39,11 +39,6 @@ Examples
 >>> r = replay(events)
 >>> r.requested_peak, r.allocated_peak, r.reserved_peak // 2**20
 (3145828, 3146240, 22)
-
-See Also
-========
-
-vrammath.measure.allocator_events.record_training_step : the log of a fake training step.
 
 References
 ==========
@@ -397,7 +392,7 @@ def predict(
     Explanation
     ===========
 
-    The input is an event log (:func:`vrammath.measure.allocator_events.record_training_step`),
+    The input is an event log (``vrammath.measure.allocator_events.record_training_step``),
     not an :class:`~vrammath.estimate.Estimate`: fragmentation depends on the order of
     allocations and frees, which a per-phase sum of terms does not hold.
 

@@ -101,7 +101,7 @@ def kv_cache_expr(
 
 def _window_layers(spec: ModelSpec, window_layers: int | None) -> int:
     if window_layers is None:
-        return spec.layers if spec.sliding_window is not None else 0
+        return spec.attention.window_layers if spec.sliding_window is not None else 0
     if isinstance(window_layers, bool) or not isinstance(window_layers, int):
         raise InputError("window_layers", f"must be an integer 0..{spec.layers}", got=window_layers)
     if not 0 <= window_layers <= spec.layers:

@@ -26,7 +26,7 @@ Examples
 >>> from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of gpt2, llama, mistral, qwen2 (any other: measure it exactly with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'mixtral')
+vrammath.errors.InputError: model_type: must be one of gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, qwen2 (any other: measure it exactly with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'mixtral')
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ NormKind = Literal["rmsnorm", "layernorm"]
 class Embeddings:
     """The token embedding (``vocab`` x ``hidden``), learned positions, and the LM head's tie.
 
-    ``dropout`` is the probability applied to the embedding output (GPT-2's ``embd_pdrop``).
+    ``dropout`` is the probability applied to the embedding output (GPT-2's ``embd_pdrop``);
+    ``scaled``: the embedding output is multiplied by sqrt(hidden) (Gemma); ``logit_softcap``:
+    the logits pass through ``cap * tanh(logits / cap)`` (Gemma-2's ``final_logit_softcapping``).
     """
 
     vocab: int
@@ -52,6 +54,8 @@ class Embeddings:
     learned_positions: bool
     max_positions: int
     dropout: float = 0.0
+    scaled: bool = False
+    logit_softcap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,12 @@ class Attention:
 
     ``fused_qkv``: Q, K and V come from one projection (GPT-2's ``c_attn``).
     ``sliding_window``: the window in tokens, with ``window_layers`` layers using it (the rest
-    attend to the whole sequence). ``dropout`` is on the attention probabilities,
+    attend to the whole sequence); ``last_layer_slides`` says whether the top layer is one of
+    them (the layer whose backward starts first, which sets the phase peaks). ``softcap``: the
+    scores pass through ``cap * tanh(scores / cap)`` (Gemma-2's ``attn_logit_softcapping``).
+    ``rotary_dim``: the head dimensions RoPE rotates when not all of them (GPT-NeoX's
+    ``rotary_pct``), None for all. ``qk_norm``: Q and K are normalised per head before RoPE
+    (Gemma-3), with the model's norm kind. ``dropout`` is on the attention probabilities,
     ``output_dropout`` after the output projection.
 
     >>> Attention(heads=64, kv_heads=8, head_dim=128, qkv_bias=True, o_bias=False).kind
@@ -75,6 +84,10 @@ class Attention:
     fused_qkv: bool = False
     sliding_window: int | None = None
     window_layers: int = 0
+    last_layer_slides: bool = True
+    softcap: float | None = None
+    rotary_dim: int | None = None
+    qk_norm: bool = False
     dropout: float = 0.0
     output_dropout: float = 0.0
 
@@ -105,12 +118,15 @@ class MLP:
 class Norms:
     """The normalisation layers: ``rmsnorm`` (weight) or ``layernorm`` (weight and bias).
 
-    ``placement`` is where each block's norm sits (``pre``: before attention and before the MLP);
-    ``parallel_residual`` would add attention and MLP to the same residual (GPT-NeoX).
+    ``placement`` is where each block's norms sit (``pre``: before attention and before the MLP;
+    ``sandwich``: Gemma-2's four, before and after each of them); ``unit_offset``: the norm
+    computes in fp32 and scales by ``1 + weight`` (Gemma); ``parallel_residual`` would add
+    attention and MLP to the same residual (GPT-NeoX).
     """
 
     kind: NormKind
-    placement: Literal["pre"] = "pre"
+    placement: Literal["pre", "sandwich"] = "pre"
+    unit_offset: bool = False
     parallel_residual: bool = False
 
 

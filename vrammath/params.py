@@ -39,7 +39,7 @@ from functools import cache
 import sympy
 
 from vrammath.model import ModelSpec
-from vrammath.symbols import I, L, V, a, a_kv, d, h, n_pos
+from vrammath.symbols import I, L, V, a, a_kv, d, h, n_pos, w_win
 
 COMPONENTS = ("embedding", "positions", "attention", "mlp", "norms", "head")
 
@@ -66,7 +66,7 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
     >>> size_values(load_model("llama-7b"))[d]
     128
     """
-    return {
+    values = {
         h: spec.hidden,
         I: spec.intermediate,
         L: spec.layers,
@@ -76,6 +76,9 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
         V: spec.vocab,
         n_pos: spec.max_positions,
     }
+    if spec.sliding_window is not None and spec.attention.window_layers:
+        values[w_win] = spec.sliding_window  # the activations of windowed layers depend on it
+    return values
 
 
 def tensors(spec: ModelSpec) -> list[Tensor]:
@@ -103,6 +106,15 @@ def tensors(spec: ModelSpec) -> list[Tensor]:
 def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
     att = spec.attention
     out: list[Tensor] = []
+    if att.fused_qkv and not spec.embeddings.learned_positions:
+        # GPT-NeoX: one nn.Linear (out, in) = (3h, h) for q, k, v, then "dense"
+        out.append(Tensor("attention.query_key_value.weight", (3 * h, h), L, "attention"))
+        if att.qkv_bias:
+            out.append(Tensor("attention.query_key_value.bias", (3 * h,), L, "attention"))
+        out.append(Tensor("attention.dense.weight", (h, h), L, "attention"))
+        if att.o_bias:
+            out.append(Tensor("attention.dense.bias", (h,), L, "attention"))
+        return out
     if att.fused_qkv:
         # GPT-2 keeps q, k, v in one Conv1D (in, out) = (h, 3h); its heads are MHA with a d = h
         out.append(Tensor("attn.c_attn.weight", (h, 3 * h), L, "attention"))
@@ -126,10 +138,24 @@ def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
         ]
     if att.o_bias:
         out.append(Tensor("self_attn.o_proj.bias", (h,), L, "attention"))
+    if att.qk_norm:  # one weight of head_dim each, shared by the heads
+        out += [
+            Tensor("self_attn.q_norm.weight", (d,), L, "norms"),
+            Tensor("self_attn.k_norm.weight", (d,), L, "norms"),
+        ]
     return out
 
 
 def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
+    if not spec.mlp.gated and not spec.embeddings.learned_positions:
+        # GPT-NeoX: nn.Linear dense_h_to_4h (I, h) and dense_4h_to_h (h, I)
+        out = [Tensor("mlp.dense_h_to_4h.weight", (I, h), L, "mlp")]
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.dense_h_to_4h.bias", (I,), L, "mlp"))
+        out.append(Tensor("mlp.dense_4h_to_h.weight", (h, I), L, "mlp"))
+        if spec.mlp.bias:
+            out.append(Tensor("mlp.dense_4h_to_h.bias", (h,), L, "mlp"))
+        return out
     if not spec.mlp.gated:
         # the plain MLP we read is GPT-2's: Conv1D c_fc (h, I) and c_proj (I, h)
         out = [Tensor("mlp.c_fc.weight", (h, I), L, "mlp")]
@@ -155,15 +181,34 @@ def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
 
 def _norm_tensors(spec: ModelSpec) -> list[Tensor]:
     one = sympy.Integer(1)
+    if spec.norms.kind == "layernorm" and not spec.embeddings.learned_positions:  # GPT-NeoX's
+        return [
+            Tensor(f"{norm}.{kind}", (h,), count, "norms")
+            for norm, count in (
+                ("input_layernorm", L),
+                ("post_attention_layernorm", L),
+                ("final_layer_norm", one),
+            )
+            for kind in ("weight", "bias")
+        ]
     if spec.norms.kind == "layernorm":  # weight and bias, GPT-2's names
         return [
             Tensor(f"{norm}.{kind}", (h,), count, "norms")
             for norm, count in (("ln_1", L), ("ln_2", L), ("ln_f", one))
             for kind in ("weight", "bias")
         ]
+    sandwich = (
+        [
+            Tensor("pre_feedforward_layernorm.weight", (h,), L, "norms"),
+            Tensor("post_feedforward_layernorm.weight", (h,), L, "norms"),
+        ]
+        if spec.norms.placement == "sandwich"
+        else []
+    )
     return [
         Tensor("input_layernorm.weight", (h,), L, "norms"),
         Tensor("post_attention_layernorm.weight", (h,), L, "norms"),
+        *sandwich,
         Tensor("norm.weight", (h,), one, "norms"),
     ]
 

@@ -154,7 +154,8 @@ def hf_phase_peaks(
     embed_temp = (
         (4 - grad_bytes) * V * h if device == "cpu" and grad_bytes < 4 else sympy.Integer(0)
     )
-    layer_terms = hf_layer_terms(spec, attention, precision, device=device)
+    top_slides = spec.attention.window_layers > 0 and spec.attention.last_layer_slides
+    layer_terms = hf_layer_terms(spec, attention, precision, device=device, sliding=top_slides)
     layer_total = sum(layer_terms.values(), sympy.Integer(0))
     recomputed = layer_total if recompute == "full" else sympy.Integer(0)
     score = a * s**2 * b
