@@ -24,6 +24,7 @@ Examples
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal, TypeAlias
 
 import sympy
@@ -871,6 +872,8 @@ def hf_activation_terms(
         layers += _checkpoint_masks(spec, attention, res)  # the checkpoints also hold the masks
         if not spec.embeddings.learned_positions:  # ... and RoPE's (1, s) int64 position ids
             layers += 8 * s
+    elif spec.experts is not None:
+        layers = _moe_layers_bytes(spec, attention, precision, device)
     else:
         layers = _stacked_layers(spec, attention, precision, gelu, device)
     terms: dict[str, sympy.Expr] = {"layers": layers}
@@ -897,6 +900,47 @@ def hf_activation_terms(
     terms["head_weight_cast"] = 2 * V * h if autocast else sympy.Integer(0)
     terms["logits_loss"] = hf_logits_loss_bytes(spec, precision)
     return {k: sympy.expand(v) for k, v in terms.items()}
+
+
+# --- mixture-of-experts layers (vrammath.moe) ---------------------------------------------------
+
+MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+"""MoE model types whose whole layer is derived: GQA attention as LLaMA's (with Qwen3's q/k
+norms), MoE MLP measured."""
+
+
+def _moe_layers_bytes(
+    spec: ModelSpec, attention: Attention, precision: Precision, device: Literal["cuda", "cpu"]
+) -> sympy.Expr:
+    """``L - L_e`` dense layers plus ``L_e`` layers whose SwiGLU term is the MoE block's
+    (:func:`vrammath.moe.moe_mlp_kept_exprs`; the block's output is freed by the residual add)."""
+    from vrammath.moe import moe_mlp_kept_exprs
+    from vrammath.symbols import L_e
+
+    if spec.model_type not in MOE_ACTIVATION_TYPES:
+        missing = "latent attention" if spec.latent is not None else "its attention"
+        raise InputError(
+            "model",
+            f"activations of {spec.model_type} need {missing}, not derived yet "
+            f"(derived: {', '.join(MOE_ACTIVATION_TYPES)})",
+            got=spec.name,
+        )
+    if precision != "bf16":
+        raise InputError(
+            "precision",
+            "MoE activations are derived and measured in bf16 only (the grouped matmul takes "
+            "bf16 inputs)",
+            got=precision,
+        )
+    # Qwen3's q/k norms are plain RMSNorms (the layer terms derive Gemma's): added here
+    plain = replace(spec, attention=replace(spec.attention, qk_norm=False))
+    terms = hf_layer_terms(plain, attention, precision, device=device)
+    dense = sum(terms.values(), sympy.Integer(0))
+    moe = moe_mlp_kept_exprs(spec)
+    if spec.attention.qk_norm:  # per-head RMSNorms on q and k keep what a norm keeps, per head
+        dense += (4 + 2) * s * b * d * (a + a_kv) + 4 * s * b * (a + a_kv)
+    moe_layer = dense - terms["mlp"] + moe["router"] + moe["experts"] + moe["shared"]
+    return (L - L_e) * dense + L_e * moe_layer
 
 
 def hf_activation_bytes(

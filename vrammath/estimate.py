@@ -25,6 +25,7 @@ from functools import cached_property
 
 import sympy
 
+from vrammath.errors import InputError
 from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
@@ -228,6 +229,21 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
     return Groups(weights, optimizer, gradients, activations, temporaries, in_flight, reduce)
 
 
+def _check_modelled(setup: Setup) -> None:
+    """Refuse what the composition does not describe yet, naming what is missing."""
+    spec = setup.model
+    if spec.experts is not None or spec.latent is not None:
+        missing = "routed-expert" if spec.experts is not None else "latent-attention"
+        raise InputError(
+            "model",
+            f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
+            "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
+            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe, qwen3_moe; "
+            "serving: vrammath serve)",
+            got=spec.name,
+        )
+
+
 def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading),
     and the peak of each phase of a training iteration.
@@ -253,6 +269,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     terms : tuple of vrammath.terms.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
+    _check_modelled(setup)
     values = _values(setup)
     ctx = Context(setup)
     built: list[tuple[Term, sympy.Expr]] = []

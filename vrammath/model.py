@@ -6,7 +6,12 @@ A :class:`ModelSpec` is a name, a ``model_type``, a layer count and four small f
 * :class:`Attention` -- heads, KV heads, head dimension, biases, fused QKV, sliding window,
   dropout; its :attr:`~Attention.kind` is MHA, GQA or MQA;
 * :class:`MLP` -- intermediate size, gated or plain, activation function, biases, dropout;
-* :class:`Norms` -- RMSNorm or LayerNorm, their placement and whether the residual is parallel.
+* :class:`Norms` -- RMSNorm or LayerNorm, their placement and whether the residual is parallel;
+
+and, for mixture-of-experts and latent-attention models, two optional parts:
+
+* :class:`Experts` -- routed experts, top-k, shared experts, router, and which layers have them;
+* :class:`LatentAttention` -- multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv.
 
 Formulas read the part they depend on (``spec.mlp.gated``, ``spec.norms.kind``,
 ``spec.embeddings.learned_positions``), never the architecture's name. Each Hugging Face
@@ -23,16 +28,17 @@ Examples
 (128, 'MHA', True, 'rmsnorm')
 >>> spec.head_dim, spec.kv_heads, spec.tied_embeddings  # flat read-only views of the parts
 (128, 32, False)
->>> from_hf_config({"model_type": "mixtral", "num_local_experts": 8})
+>>> from_hf_config({"model_type": "mamba"})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, qwen2 (any other: measure it exactly with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'mixtral')
+vrammath.errors.InputError: model_type: must be one of deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3_moe (any other: measure it exactly with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'mamba')
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 AttentionKind = Literal["MHA", "GQA", "MQA"]
@@ -130,6 +136,76 @@ class Norms:
     parallel_residual: bool = False
 
 
+# ---------------------------------------------------------------------------------------------
+# Mixture-of-experts and latent attention (the optional parts)
+# ---------------------------------------------------------------------------------------------
+
+Scoring = Literal["softmax", "sigmoid"]
+
+
+@dataclass(frozen=True)
+class Experts:
+    """The mixture-of-experts MLP of the layers listed in ``layers``.
+
+    ``count`` routed experts of intermediate size ``intermediate`` (gated SiLU, as every reader
+    here has), ``top_k`` of them per token; ``shared_intermediate`` is the intermediate size of
+    the always-on shared-expert MLP (0: none; DeepSeek's ``n_shared_experts * moe_intermediate``,
+    Qwen2-MoE's ``shared_expert_intermediate_size``), ``shared_gate`` its sigmoid gate
+    (Qwen2-MoE: a ``Linear(h, 1)``). ``router_bias``: the router keeps a per-expert
+    ``e_score_correction_bias`` buffer (DeepSeek-V3; not a parameter). ``router_fp32``: the
+    router's weight is kept in fp32 whatever the model's dtype (DeepSeek-V3's
+    ``_keep_in_fp32_modules_strict``). ``layers`` are the 0-based indices of the MoE layers; the
+    other layers have the dense :class:`MLP`.
+
+    >>> Experts(count=8, top_k=2, intermediate=14336, layers=tuple(range(32))).active_fraction
+    Fraction(1, 4)
+    """
+
+    count: int
+    top_k: int
+    intermediate: int
+    layers: tuple[int, ...]
+    shared_intermediate: int = 0
+    shared_gate: bool = False
+    router_bias: bool = False
+    router_fp32: bool = False
+    norm_topk: bool = False
+    scoring: Scoring = "softmax"
+    groups: int = 1
+    groups_chosen: int = 1
+    """DeepSeek-V3's group-limited routing: ``n_group`` groups, ``topk_group`` of them chosen."""
+
+    @property
+    def active_fraction(self) -> Fraction:
+        """Routed experts a token uses, as a fraction of all of them (``top_k / count``)."""
+        return Fraction(self.top_k, self.count)
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values through low ranks.
+
+    ``q_rank`` (``q_lora_rank``; None: a full ``q_proj``), ``kv_rank`` (``kv_lora_rank``),
+    ``nope_dim`` / ``rope_dim`` (per-head query/key dimensions without and with RoPE; the RoPE
+    key is one head shared by all), ``v_dim`` (per-head value dimension). The compressed cache
+    holds ``kv_rank + rope_dim`` elements per token and layer.
+
+    >>> LatentAttention(q_rank=1536, kv_rank=512, nope_dim=128, rope_dim=64, v_dim=128).cached
+    576
+    """
+
+    q_rank: int | None
+    kv_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+
+    @property
+    def cached(self) -> int:
+        """Elements cached per token per layer: the latent plus the shared RoPE key."""
+        return self.kv_rank + self.rope_dim
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture of a decoder-only transformer, as far as memory is concerned.
@@ -146,6 +222,11 @@ class ModelSpec:
     mlp: MLP
     norms: Norms
     warnings: tuple[str, ...] = ()
+    experts: Experts | None = None
+    latent: LatentAttention | None = None
+    mtp_layers: int = 0
+    """Multi-token-prediction modules in the checkpoint that transformers does not build
+    (DeepSeek-V3's ``num_nextn_predict_layers``): counted apart, never in the model's total."""
 
     # Flat read-only views of the parts, for callers written before the parts existed.
 
@@ -248,6 +329,8 @@ __all__ = [
     "MLP",
     "Attention",
     "Embeddings",
+    "Experts",
+    "LatentAttention",
     "ModelSpec",
     "Norms",
     "from_hf_config",

@@ -29,6 +29,7 @@ from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.lora import adapted_linears, lora_targets
 from vrammath.model import ModelSpec
+from vrammath.moe import check_ep
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
 from vrammath.presets import gpu
 from vrammath.vocab import (
@@ -146,6 +147,16 @@ class Setup:
         default=1,
         metadata=option(
             "--pp", "pipeline-parallel size (at most the layers)", low=1, high=MAX_COUNT
+        ),
+    )
+    ep: int = field(
+        default=1,
+        metadata=option(
+            "--ep",
+            "expert-parallel size: ranks the routed experts are split over, within the "
+            "data-parallel --gpus (divides the experts and --gpus)",
+            low=1,
+            high=MAX_COUNT,
         ),
     )
     sp: bool = field(
@@ -294,6 +305,7 @@ class Setup:
             )
         if self.pp > spec.layers:
             raise InputError("pp", f"must be at most the layers ({spec.layers})", self.pp)
+        check_ep(spec, self.ep, self.gpus)
         if self.sp and self.tp == 1:
             raise InputError("sp", "sequence parallelism needs tp > 1", got=self.tp)
         if self.schedule == "interleaved":
