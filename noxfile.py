@@ -143,6 +143,19 @@ def measure(session: nox.Session) -> None:
     else:
         fresh = Path(session.create_tmp()).resolve() / "matrix.json"
         session.run(*matrix, "--out", str(fresh), "--diff", "validation/matrix.json")
+        # the real engines' quick rows (FSDP2, ZeroRedundancyOptimizer, fp32-master) against
+        # validation/engines.json; DeepSpeed's rows need deepspeed, which the extra does not pin
+        engines = Path(session.create_tmp()).resolve() / "engines.json"
+        session.run(
+            "python",
+            "-m",
+            "vrammath.measure.engines",
+            "--quick",
+            "--out",
+            str(engines),
+            "--diff",
+            "validation/engines.json",
+        )
 
 
 @nox.session

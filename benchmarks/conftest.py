@@ -1,6 +1,6 @@
 """Collects the benchmark means and prints the figures the issue asks for, in one run:
 configurations per second of a 10**6-point sweep, its speed-up over sympy ``subs``, and the
-cold-start times of ``import vrammath`` and of the CLI."""
+cold-start times of ``import sympy``, ``import vrammath`` and of the CLI's estimate and fit."""
 
 from __future__ import annotations
 
@@ -37,7 +37,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if points and sweep and subs:
         tr.write_line(f"ratio sweep / subs: {subs / (sweep / points):,.0f}x (target >= 1000x)")
     base = RESULTS.get("python_s", 0.0)
-    for key, label in (("import_s", "import vrammath"), ("cli_s", "CLI `vrammath estimate`")):
+    labels = (
+        ("sympy_s", "import sympy"),
+        ("import_s", "import vrammath"),
+        ("cli_s", "CLI `vrammath estimate` (target <= 500 ms)"),
+        ("fit_s", "CLI `vrammath fit` Qwen2-72B (target <= 1000 ms)"),
+    )
+    for key, label in labels:
         if key in RESULTS:
             tr.write_line(
                 f"cold start, {label}: {RESULTS[key] * 1e3:.0f} ms "

@@ -98,6 +98,11 @@ def test_cold_python(benchmark, record) -> None:  # type: ignore[no-untyped-def]
     record["python_s"] = benchmark.stats.stats.mean
 
 
+def test_cold_sympy(benchmark, record) -> None:  # type: ignore[no-untyped-def]
+    benchmark.pedantic(_cold, args=(["-c", "import sympy"],), rounds=5, iterations=1)
+    record["sympy_s"] = benchmark.stats.stats.mean
+
+
 def test_cold_import(benchmark, record) -> None:  # type: ignore[no-untyped-def]
     benchmark.pedantic(_cold, args=(["-c", "import vrammath"],), rounds=5, iterations=1)
     record["import_s"] = benchmark.stats.stats.mean
@@ -107,3 +112,10 @@ def test_cold_cli(benchmark, record) -> None:  # type: ignore[no-untyped-def]
     cmd = ["-m", "vrammath", "estimate", "llama-7b", "--zero", "3", "--gpus", "8"]
     benchmark.pedantic(_cold, args=(cmd,), rounds=5, iterations=1)
     record["cli_s"] = benchmark.stats.stats.mean
+
+
+def test_cold_fit(benchmark, record) -> None:  # type: ignore[no-untyped-def]
+    cmd = ["-m", "vrammath", "fit", "qwen2-72b", "--gpu", "A100-80GB", "--gpus", "8"]
+    cmd += ["--seq", "4096", "--zero", "3", "--recompute", "full", "--offload-optimizer"]
+    benchmark.pedantic(_cold, args=(cmd,), rounds=3, iterations=1)
+    record["fit_s"] = benchmark.stats.stats.mean

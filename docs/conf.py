@@ -244,6 +244,9 @@ autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
+# sympy's docstring order has an "Explanation" section: render it as Notes are (a rubric, not a
+# section whose label would clash across modules)
+napoleon_custom_sections = [("Explanation", "Notes")]
 
 # Nitpicky mode (-n): with no intersphinx, names from other packages cannot resolve; anything of
 # vrammath's own that fails to resolve is still an error.
@@ -252,6 +255,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Path|Mapping|Sequence|Iterable|Iterator|Callable|Literal|Any|Self|TypeAlias)"),
     (r"py:.*", r"(Symbol|Expr|Basic|Rational|Integer|Float|Number|Matrix|Eq|Piecewise)"),
     (r"py:.*", r"(sympy\.core\..*|sympy\.[a-z_.]+)"),
+    # autodoc splits the default of estimate(terms=TERMS) at the comma of tuple[Term, ...]
+    (r"py:class", r"tuple\[~vrammath\.terms\.Term"),
+    (r"py:class", r"(vrammath\.vocab\._S|callable)"),
     (r"py:class", r"(int|float|str|bool|bytes|object|dict|list|tuple|set|frozenset|None)"),
     (r"py:class", r"(Ellipsis|ellipsis|EllipsisType|types\..*)"),
     (r"py:class", r"(ValueError|Exception|TypeError|KeyError)"),

@@ -80,10 +80,12 @@ def agree(command: str, text: str, data: dict[str, Any]) -> None:
             assert f": {data['gpu']['max_batch_at_context']};" in text
             assert f"{data['gpu']['max_context_at_batch']:,} tokens" in text
     elif command == "fit":
-        assert data["plan"]["text"] in text
-        for key in ("batch", "sequence", "gpus"):
-            assert data[key]["text"] in text
-        assert fmt_gb(data["basis"]["totals"]["gpu_bytes"]) in text
+        assert f"recommended: {data['recommendation']['label']}" in text
+        assert fmt_gb(data["given"]["gpu_bytes"]) in text
+        for answer in data["answers"].values():
+            if answer["value"] is not None:
+                assert f"{answer['unknown']} = {answer['value']}" in text
+                assert fmt_gb(answer["bytes"]) in text
     elif command == "formula":
         assert text.splitlines() == [f"{e['name']}: {e['expr']}" for e in data["exprs"]]
     elif command == "models":

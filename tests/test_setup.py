@@ -36,7 +36,7 @@ def test_tuples_are_the_literals() -> None:
 def test_every_field_is_declared_once_and_drives_cli_and_json() -> None:
     declared = [o.name for o in options(Setup)]
     assert declared == [f.name for f in dataclasses.fields(Setup)][1:]  # all but the model
-    assert len(declared) == 24
+    assert len(declared) == 27
     parser = build_parser()
     sub: Any = next(a for a in parser._actions if a.dest == "command").choices
     for command, cls in (("estimate", Setup), ("fit", Setup), ("serve", Serve)):
@@ -60,6 +60,7 @@ def test_every_field_is_declared_once_and_drives_cli_and_json() -> None:
         ({"tp": 100000}, "tp: must divide the attention heads (32)"),
         ({"tp": 3}, "tp: must divide the attention heads (32)"),
         ({"pp": 1000}, "pp: must be at most the layers (32)"),
+        ({"ep": 2, "gpus": 2}, "ep: must be 1 for llama-7b, which has no experts (got 2)"),
         ({"schedule": "interleaved", "chunks": 2}, "schedule: interleaved needs --pp > 1"),
         ({"schedule": "interleaved", "pp": 4}, "chunks: interleaved needs --chunks > 1"),
         ({"schedule": "interleaved", "pp": 8, "chunks": 8}, "chunks: pp x chunks must be at most"),

@@ -53,7 +53,7 @@ DEFAULT_RESERVE_BYTES = GiB
 """Bytes kept back for the CUDA context, library workspaces and NCCL buffers (1 GiB)."""
 
 DEFAULT_GPUS_PER_NODE = 8
-"""GPUs sharing one host when no node is named: the 8-GPU board of DGX/HGX servers."""
+"""The GPUs sharing one host when no node is named (the 8-GPU board of DGX/HGX servers)."""
 
 
 # --- node presets (the host side) --------------------------------------------------------------
@@ -288,7 +288,7 @@ class HostCheck:
 
     @property
     def need(self) -> int:
-        """Host bytes per node: ``per_rank * ranks_per_node``."""
+        """The host bytes one node needs, ``per_rank * ranks_per_node``."""
         return self.per_rank * self.ranks_per_node
 
     @property

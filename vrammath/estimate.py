@@ -21,16 +21,28 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import sympy
 
+from vrammath.errors import InputError
 from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import N_d, P, b, m, p, r, s, t
-from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, Context, Group, Term, per_rank, text
+from vrammath.terms import (
+    GROUPS,
+    STATE_GROUPS,
+    TERMS,
+    Context,
+    Group,
+    Term,
+    dim0_shard_params,
+    per_rank,
+    text,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,7 @@ class Estimate:
     values: dict[sympy.Symbol, int] = field(repr=False)
     phase_exprs: dict[str, sympy.Expr] = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property
     def phases(self) -> dict[str, int]:
         """Bytes live at the peak of each phase of a training iteration (forward, backward,
         optimizer step), per GPU; see :mod:`vrammath.peak`."""
@@ -79,6 +91,11 @@ class Estimate:
     def gpu_expr(self) -> sympy.Expr:
         """The per-GPU peak as one expression: the largest phase (in the symbols of
         :mod:`vrammath.symbols`; evaluate with ``values``). Solvers and sweeps use this."""
+        return self._gpu_expr
+
+    @cached_property
+    def _gpu_expr(self) -> sympy.Expr:
+        # sympy.Max of symbolic phases compares them symbolically: built once, on demand
         if self.phase_exprs:
             return sympy.Max(*self.phase_exprs.values())
         return sympy.Add(
@@ -118,6 +135,8 @@ class Estimate:
     @property
     def gpu_bytes(self) -> int:
         """The peak per GPU, the largest phase of the iteration (what must fit)."""
+        if self.phases:  # ceil(max(x)) == max(ceil(x)): no symbolic Max needed
+            return max(self.phases.values())
         return _value(self.gpu_expr(), self.values)
 
     @property
@@ -164,7 +183,9 @@ class Estimate:
 
 def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:
     # Shards round up: the last rank holds the padding (DeepSpeed and FSDP pad to N_d).
-    return int(sympy.ceiling(expr.subs(values)))
+    # xreplace puts every number in at once (subs would simplify at each step, 10-100x slower).
+    number = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in values.items()})
+    return int(sympy.ceiling(number))
 
 
 def _values(setup: Setup) -> dict[sympy.Symbol, int]:
@@ -198,7 +219,11 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     expr = term.builder(ctx)
     if expr is None:
         return None
-    return per_rank(term, expr, zero=ctx.setup.zero, offloaded=offloaded)
+    setup = ctx.setup
+    dim0 = None
+    if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
+        dim0 = dim0_shard_params(setup.model)
+    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0)
 
 
 def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
@@ -213,9 +238,28 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
             )
         )
 
-    weights, optimizer, gradients, activations, temporaries, in_flight = (total(g) for g in GROUPS)
+    weights, optimizer, gradients, activations, temporaries, in_flight, outputs = (
+        total(g) for g in GROUPS
+    )
     reduce = total("in-flight", backward_only=True)
-    return Groups(weights, optimizer, gradients, activations, temporaries, in_flight, reduce)
+    return Groups(
+        weights, optimizer, gradients, activations, temporaries, in_flight, reduce, outputs
+    )
+
+
+def _check_modelled(setup: Setup) -> None:
+    """Refuse what the composition does not describe yet, naming what is missing."""
+    spec = setup.model
+    if spec.experts is not None or spec.latent is not None:
+        missing = "routed-expert" if spec.experts is not None else "latent-attention"
+        raise InputError(
+            "model",
+            f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
+            "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
+            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe, qwen3_moe; "
+            "serving: vrammath serve)",
+            got=spec.name,
+        )
 
 
 def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
@@ -243,6 +287,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     terms : tuple of vrammath.terms.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
+    _check_modelled(setup)
     values = _values(setup)
     ctx = Context(setup)
     built: list[tuple[Term, sympy.Expr]] = []

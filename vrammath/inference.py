@@ -44,7 +44,7 @@ from vrammath.model import ModelSpec
 from vrammath.params import Tensor, param_count, size_values, tensors
 from vrammath.presets import GPU, gpu
 from vrammath.quant import quant_tensor_exprs, quantized_tensors
-from vrammath.symbols import B_kv, L, P, T, a_kv, b, blk, d, t, w_win
+from vrammath.symbols import B_kv, L, P, T, a, a_kv, b, blk, d, d_n, d_r, d_v, r_kv, t, w_win
 from vrammath.units import dtype_bytes
 from vrammath.vocab import KV_DTYPES, SERVE_WEIGHTS, KvDtype, ServeWeights, check
 
@@ -77,6 +77,15 @@ def kv_cache_expr(
     * ``keep_window_minus_one``: transformers' ``DynamicSlidingWindowLayer`` keeps ``w - 1``
       tokens between steps; a static or paged cache holds ``w``.
 
+    Latent attention (DeepSeek-V2/V3) caches ``r_kv + d_r`` elements per token and layer (the
+    compressed latent and the one shared RoPE key, :func:`mla_kv_elements`), whole on every
+    tensor-parallel rank (vLLM and SGLang replicate it; transformers 5 caches the same two
+    tensors, as one-head "key" and "value").
+
+    >>> from vrammath.presets import load_model
+    >>> kv_cache_expr(load_model("deepseek-v3"), tp=True)
+    B_kv*L*T*b*(d_r + r_kv)
+
     >>> from vrammath.presets import load_model
     >>> kv_cache_expr(load_model("mistral-7b"))
     2*B_kv*L*a_kv*b*d*Min(T, w_win)
@@ -91,6 +100,8 @@ def kv_cache_expr(
         return blk * sympy.ceiling(tokens / blk) if paged else tokens
 
     per_token_layer = 2 * heads * d * B_kv * b
+    if spec.latent is not None:
+        per_token_layer = mla_kv_elements(spec) * B_kv * b
     if n_win == 0:
         return L * per_token_layer * held(T)
     win = held(sympy.Min(T, window))
@@ -99,9 +110,32 @@ def kv_cache_expr(
     return per_token_layer * ((L - n_win) * held(T) + n_win * win)
 
 
+def mla_kv_elements(spec: ModelSpec, *, decompressed: bool = False) -> sympy.Expr:
+    """Elements one token adds to one layer's cache under latent attention.
+
+    Compressed (``r_kv + d_r``): what transformers 5.24's ``DeepseekV3Attention`` caches
+    ("cache read / write is performed while latent KV is still compressed") and what vLLM's and
+    SGLang's MLA backends keep. ``decompressed``: the per-head keys ``a (d_n + d_r)`` and values
+    ``a d_v`` that a cache of expanded K/V would hold (the Hub's original remote
+    ``modeling_deepseek.py`` caches these).
+
+    >>> from vrammath.presets import load_model
+    >>> spec = load_model("deepseek-v3")
+    >>> mla_kv_elements(spec), mla_kv_elements(spec, decompressed=True)
+    (d_r + r_kv, a*(d_n + d_r + d_v))
+    >>> [int(e.subs(size_values(spec))) for e in _ + ()]
+    [576, 40960]
+    """
+    if spec.latent is None:
+        raise InputError("model", "has no latent attention (MLA)", got=spec.name)
+    if decompressed:
+        return a * (d_n + d_r + d_v)
+    return r_kv + d_r
+
+
 def _window_layers(spec: ModelSpec, window_layers: int | None) -> int:
     if window_layers is None:
-        return spec.layers if spec.sliding_window is not None else 0
+        return spec.attention.window_layers if spec.sliding_window is not None else 0
     if isinstance(window_layers, bool) or not isinstance(window_layers, int):
         raise InputError("window_layers", f"must be an integer 0..{spec.layers}", got=window_layers)
     if not 0 <= window_layers <= spec.layers:
@@ -183,7 +217,14 @@ def kv_cache_bytes(
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16", *, tp: int = 1) -> int:
-    """KV bytes one token adds on one GPU (no window): ``2 L max(1, a_kv // t) d B_kv``."""
+    """KV bytes one token adds on one GPU (no window): ``2 L max(1, a_kv // t) d B_kv``, or
+    ``L (r_kv + d_r) B_kv`` under latent attention.
+
+    >>> from vrammath.presets import load_model
+    >>> ds, llama = load_model("deepseek-v3"), load_model("llama-3.1-405b")
+    >>> kv_bytes_per_token(ds), kv_bytes_per_token(llama)
+    (70272, 516096)
+    """
     return kv_cache_bytes(spec, 1, 1, kv_dtype, tp=tp, window_layers=0)
 
 
@@ -204,8 +245,14 @@ def _tp_share(tensor: Tensor) -> sympy.Expr:
     name = tensor.name
     if tensor.component == "norms" or name.endswith("o_proj.bias") or "down_proj.bias" in name:
         return sympy.Integer(1)  # replicated
+    # vLLM replicates the MoE router, Qwen2-MoE's shared-expert gate and MLA's down-projections
+    replicated = ("mlp.gate.weight", "shared_expert_gate", "q_a_proj", "kv_a_proj_with_mqa")
+    if any(part in name for part in replicated):
+        return sympy.Integer(1)
     if ".k_proj." in name or ".v_proj." in name:
         return kv_heads_per_gpu_expr() / a_kv
+    if ".qkv_proj." in name:  # fused (Phi-3): Q split over t, K and V as their heads are
+        return (a / t + 2 * kv_heads_per_gpu_expr()) / (a + 2 * a_kv)
     if "c_proj.bias" in name:
         return sympy.Integer(1)
     return 1 / t
@@ -454,7 +501,7 @@ class ServeEstimate:
 
     @property
     def total_with_reserve_bytes(self) -> int:
-        """Weights + constants + KV cache + the runtime reserve: all of the GPU the server takes."""
+        """All of the GPU the server takes (weights + constants + KV cache + the runtime reserve)."""
         return self.total_bytes + self.reserve_bytes
 
     def as_dict(self) -> dict[str, object]:

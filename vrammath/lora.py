@@ -72,7 +72,14 @@ _INPUT_OF = {
     "gate": "mlp_in",
     "up": "mlp_in",
     "down": "mlp_act",
+    "qkv": "attn_in",
+    "gate_up": "mlp_in",
 }
+
+# Fused projections (Phi-3's qkv_proj, gate_up_proj): PEFT adapts the whole module, so naming
+# any of its parts puts one adapter on it, of the fused width.
+FUSED_MODULES = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
+_FUSED_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up"}
 
 
 def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -149,27 +156,55 @@ def _shapes(spec: ModelSpec) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
         "gate": (h, I),
         "up": (h, I),
         "down": (I, h),
+        "qkv": (h, (a + 2 * a_kv) * d),
+        "gate_up": (h, 2 * I),
     }
-    if not spec.mlp.gated:
-        del shapes["gate"]
+    if not spec.mlp.gated:  # StarCoder2's plain MLP: c_fc (up) and c_proj (down), no gate
+        del shapes["gate"], shapes["gate_up"]
     return shapes
+
+
+def _fused_targets(spec: ModelSpec, chosen: tuple[str, ...]) -> list[str]:
+    """``chosen`` with q/k/v and gate/up folded into the fused modules ``spec`` has."""
+    fused = {"qkv": spec.attention.fused_qkv_linear, "gate_up": spec.mlp.fused_gate_up}
+    out: list[str] = []
+    for target in chosen:
+        module = _FUSED_OF.get(target, target)
+        name = module if fused.get(module, False) else target
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _module(spec: ModelSpec, target: str) -> str:
+    """transformers' module name of a target (StarCoder2's plain MLP is c_fc, c_proj)."""
+    if target in FUSED_MODULES:
+        return FUSED_MODULES[target]
+    if not spec.mlp.gated and not spec.attention.fused_qkv and target in ("up", "down"):
+        return {"up": "mlp.c_fc", "down": "mlp.c_proj"}[target]
+    return HF_MODULES[target]
 
 
 def adapted_linears(spec: ModelSpec, targets: str | Sequence[str]) -> list[AdaptedLinear]:
     """The projections LoRA adapts in ``spec`` for ``targets``, with symbolic in/out sizes.
 
+    Where ``spec`` fuses projections (Phi-3's ``qkv_proj``, ``gate_up_proj``), naming any part
+    adapts the whole fused module once (target ``qkv`` or ``gate_up``), as PEFT does.
+
     >>> from vrammath.presets import load_model
     >>> [(m.target, m.out_features) for m in adapted_linears(load_model("qwen2-72b"), "k,v")]
     [('k', a_kv*d), ('v', a_kv*d)]
+    >>> [(m.module, m.out_features) for m in adapted_linears(load_model("phi-3-mini"), "q,v,up")]
+    [('self_attn.qkv_proj', d*(a + 2*a_kv)), ('mlp.gate_up_proj', 2*I)]
     """
-    chosen = lora_targets(targets)
+    chosen = _fused_targets(spec, lora_targets(targets))
     shapes = _shapes(spec)
     out = []
     for target in chosen:
         if target not in shapes:
-            raise one_of("lora_targets", target, tuple(shapes))
+            raise one_of("lora_targets", target, tuple(x for x in shapes if x in LORA_TARGETS))
         fan_in, fan_out = shapes[target]
-        out.append(AdaptedLinear(target, HF_MODULES[target], fan_in, fan_out, L))
+        out.append(AdaptedLinear(target, _module(spec, target), fan_in, fan_out, L))
     return out
 
 

@@ -209,12 +209,18 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class GPU:
-    """A GPU preset: its memory as sold (bytes) and where the figure comes from."""
+    """A GPU preset: its memory as sold (bytes) and where the figure comes from; optionally the
+    CUDA context and the cuBLAS / cuBLASLt workspaces PyTorch takes on it
+    (:mod:`vrammath.allocator`), with their source."""
 
     name: str
     bytes: int
     label: str
     source: str
+    context_bytes: int = 0
+    cublas_workspace_bytes: int = 0
+    cublaslt_workspace_bytes: int = 0
+    runtime_source: str = ""
 
 
 @cache
@@ -223,7 +229,14 @@ def load_gpus() -> dict[str, GPU]:
     data = tomllib.loads((conf_dir() / "gpus.toml").read_text(encoding="utf-8"))
     return {
         name: GPU(
-            name=name, bytes=int(row["bytes"]), label=str(row["label"]), source=str(row["source"])
+            name=name,
+            bytes=int(row["bytes"]),
+            label=str(row["label"]),
+            source=str(row["source"]),
+            context_bytes=int(row.get("context_bytes", 0)),
+            cublas_workspace_bytes=int(row.get("cublas_workspace_bytes", 0)),
+            cublaslt_workspace_bytes=int(row.get("cublaslt_workspace_bytes", 0)),
+            runtime_source=str(row.get("runtime_source", "")),
         )
         for name, row in data["gpu"].items()
     }

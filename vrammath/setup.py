@@ -2,7 +2,7 @@
 
 Each field is declared once, with its CLI flag, help, allowed values and bounds
 (:mod:`vrammath.fields`); the CLI's options, ``as_dict`` and the checks below read them. Every
-rule that ties two fields together lives in :meth:`Setup.__post_init__`.
+rule that ties two fields together lives in ``Setup.__post_init__``.
 
 Examples
 ========
@@ -24,11 +24,13 @@ vrammath.errors.InputError: tp: must divide the KV heads (8) as Megatron splits 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.lora import adapted_linears, lora_targets
 from vrammath.model import ModelSpec
+from vrammath.moe import check_ep
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
 from vrammath.presets import gpu
 from vrammath.vocab import (
@@ -55,6 +57,10 @@ from vrammath.vocab import (
     Schedule,
     check,
 )
+
+#: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.terms.per_rank`).
+Shard = Literal["flat", "dim0"]
+SHARDS: tuple[Shard, ...] = ("flat", "dim0")
 
 # Names kept for callers of the earlier module (the tuples live in vrammath.vocab).
 ATTENTION = ATTENTIONS
@@ -148,6 +154,16 @@ class Setup:
             "--pp", "pipeline-parallel size (at most the layers)", low=1, high=MAX_COUNT
         ),
     )
+    ep: int = field(
+        default=1,
+        metadata=option(
+            "--ep",
+            "expert-parallel size: ranks the routed experts are split over, within the "
+            "data-parallel --gpus (divides the experts and --gpus)",
+            low=1,
+            high=MAX_COUNT,
+        ),
+    )
     sp: bool = field(
         default=False,
         metadata=option("--sp", "sequence parallelism (needs --tp > 1)", kind="switch"),
@@ -235,6 +251,24 @@ class Setup:
             "--device", _choices("where the kernels run", DEVICES, "cuda"), choices=DEVICES
         ),
     )
+    shard: Shard = field(
+        default="flat",
+        metadata=option(
+            "--shard",
+            "how sharded states divide: flat (DeepSpeed's flat buffer, ceil(P/N) each) or dim0 "
+            "(FSDP2: each tensor's dim 0 in ceil(dim0/N) rows, rank 0 the fullest)",
+            choices=SHARDS,
+        ),
+    )
+    keep_outputs: bool = field(
+        default=False,
+        metadata=option(
+            "--keep-outputs",
+            "the loop keeps the model output through backward (out = model(...); "
+            "out.loss.backward()); default: only the loss, as Trainer",
+            kind="switch",
+        ),
+    )
 
     @property
     def activation_formula(self) -> str:
@@ -257,7 +291,7 @@ class Setup:
         check("optimizer", self.optimizer, OPTIMIZERS)
         check("implementation", self.implementation, IMPLEMENTATIONS)
         object.__setattr__(self, "zero", zero_stage(self.zero))
-        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout"):
+        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout", "keep_outputs"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(name, "must be true or false", getattr(self, name))
         check_bounds(self)
@@ -265,6 +299,7 @@ class Setup:
         check("recompute", self.recompute, RECOMPUTES)
         check("activation_model", self.activation_model, ACTIVATION_MODELS)
         check("iteration", self.iteration, ITERATIONS)
+        check("shard", self.shard, SHARDS)
         check("schedule", self.schedule, SCHEDULES)
         check("device", self.device, DEVICES)
         if self.gpu is not None:
@@ -294,6 +329,7 @@ class Setup:
             )
         if self.pp > spec.layers:
             raise InputError("pp", f"must be at most the layers ({spec.layers})", self.pp)
+        check_ep(spec, self.ep, self.gpus)
         if self.sp and self.tp == 1:
             raise InputError("sp", "sequence parallelism needs tp > 1", got=self.tp)
         if self.schedule == "interleaved":
@@ -397,7 +433,9 @@ __all__ = [
     "PRECISION_OF",
     "RECOMPUTE",
     "SCHEDULES",
+    "SHARDS",
     "Setup",
+    "Shard",
     "setup_warnings",
     "with_changes",
 ]

@@ -187,8 +187,10 @@ def tensor_optimizer_expr(
                 one = 2 * (numel + 4 * sympy.ceiling(numel / BNB_BLOCK))  # uint8 + fp32 absmax
             else:
                 one = 2 * 4 * numel
-        else:  # adafactor: exp_avg_sq_row (rows) + exp_avg_sq_col (cols) for matrices
-            second = tensor.shape[0] + tensor.shape[1] if len(tensor.shape) >= 2 else numel
+        else:  # adafactor: exp_avg_sq_row (shape[:-1]) + exp_avg_sq_col (shape[:-2] + last)
+            shape = tensor.shape  # 3-D expert weights keep one row/column pair per expert
+            factored = sympy.Mul(*shape[:-1]) + sympy.Mul(*shape[:-2]) * shape[-1]
+            second = factored if len(shape) >= 2 else numel
             first = numel if adafactor_momentum else 0
             one = state_bytes * (second + first)
         total += tensor.count * one

@@ -195,7 +195,7 @@ def compiled_cache_info() -> Any:
 
 
 SWEEP_MAX = 2**53
-"""Bound on swept values and totals: float64 holds every integer below it exactly."""
+"""The bound on swept values and totals (float64 holds every integer below it exactly)."""
 
 
 def _estimate(est: object) -> Estimate:

@@ -83,6 +83,22 @@ K = _declare(
     "K", "K", "optimizer-state bytes per parameter, master copy included (ZeRO's K)", "bytes"
 )
 
+# --- mixture-of-experts and latent attention -------------------------------------------------
+E = _declare("E", "E", "routed experts per MoE layer (n_routed_experts, num_experts)")
+k_e = _declare("k_e", "k", "experts each token is routed to (num_experts_per_tok, top-k)")
+I_e = _declare("I_e", "I_e", "intermediate size of one routed expert (moe_intermediate_size)")
+I_s = _declare("I_s", "I_s", "intermediate size of the shared-expert MLP (all shared experts)")
+L_e = _declare("L_e", "L_e", "number of layers whose MLP is a mixture of experts")
+r_q = _declare("r_q", "r_q", "query low-rank dimension of latent attention (q_lora_rank)")
+r_kv = _declare("r_kv", "r_{kv}", "key/value latent dimension of latent attention (kv_lora_rank)")
+d_n = _declare("d_n", "d_n", "per-head query/key dimension without RoPE (qk_nope_head_dim)")
+d_r = _declare("d_r", "d_r", "per-head query/key RoPE dimension, one key shared (qk_rope_head_dim)")
+d_v = _declare("d_v", "d_v", "per-head value dimension of latent attention (v_head_dim)")
+P_e = _declare("P_e", r"\Psi_e", "parameters of the routed experts (all MoE layers)")
+n_ep = _declare(
+    "n_ep", "e_p", "expert-parallel size (ranks the routed experts are split over)", "count"
+)
+
 
 def notation() -> list[Notation]:
     """Every declared symbol, in declaration order (the handbook's notation table)."""
@@ -97,7 +113,7 @@ def by_name(name: str) -> sympy.Symbol:
     >>> by_name("zz")
     Traceback (most recent call last):
     ...
-    KeyError: "unknown symbol 'zz'; known: P, V, h, I, L, a, a_kv, d, n_pos, b, s, N_d, t, p, m, n_mb, r, T, w_win, blk, B_w, B_g, B_m, B_o, B_a, B_kv, K"
+    KeyError: "unknown symbol 'zz'; known: P, V, h, I, L, a, a_kv, d, n_pos, b, s, N_d, t, p, m, n_mb, r, T, w_win, blk, B_w, B_g, B_m, B_o, B_a, B_kv, K, E, k_e, I_e, I_s, L_e, r_q, r_kv, d_n, d_r, d_v, P_e, n_ep"
     """
     for row in _TABLE:
         if row.name == name:
@@ -113,12 +129,17 @@ __all__ = [
     "B_m",
     "B_o",
     "B_w",
+    "E",
     "I",
+    "I_e",
+    "I_s",
     "K",
     "L",
+    "L_e",
     "N_d",
     "Notation",
     "P",
+    "P_e",
     "T",
     "V",
     "a",
@@ -127,13 +148,20 @@ __all__ = [
     "blk",
     "by_name",
     "d",
+    "d_n",
+    "d_r",
+    "d_v",
     "h",
+    "k_e",
     "m",
+    "n_ep",
     "n_mb",
     "n_pos",
     "notation",
     "p",
     "r",
+    "r_kv",
+    "r_q",
     "s",
     "t",
     "w_win",

@@ -72,15 +72,18 @@ from vrammath.activations import (
     korthikanti_first_stage_bytes,
 )
 from vrammath.lora import lora_activation_layer_expr, lora_state_exprs, lora_step_temp_expr
-from vrammath.params import layer_param_expr
-from vrammath.peak import Iteration
+from vrammath.model import ModelSpec
+from vrammath.params import layer_param_expr, tensors
+from vrammath.peak import LOSS_BYTES, Iteration
 from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
 from vrammath.setup import PRECISION_OF, Setup
 from vrammath.states import Recipe, model_state_exprs, optimizer_step_temp_expr, recipe
-from vrammath.symbols import L, N_d, P
+from vrammath.symbols import L, N_d, P, V, b, s
 
 Device = Literal["gpu", "cpu"]
-Group = Literal["weights", "optimizer", "gradients", "activations", "temporaries", "in-flight"]
+Group = Literal[
+    "weights", "optimizer", "gradients", "activations", "temporaries", "in-flight", "outputs"
+]
 Live = Literal["resident", "forward+backward", "backward", "backward+step", "step"]
 Offload = Literal["params", "optimizer"]
 
@@ -92,6 +95,7 @@ GROUPS: tuple[Group, ...] = (
     "activations",
     "temporaries",
     "in-flight",
+    "outputs",
 )
 #: The groups that are model states (what ``Estimate.model_state_bytes`` sums).
 STATE_GROUPS: tuple[Group, ...] = ("weights", "optimizer", "gradients")
@@ -118,7 +122,7 @@ class Context:
 
     @property
     def hf_recompute(self) -> HfRecompute:
-        """Recomputation as transformers runs it: full checkpointing or none."""
+        """Recomputation as transformers runs it (full checkpointing or none)."""
         return "full" if self.setup.recompute == "full" else "none"
 
     @property
@@ -192,20 +196,23 @@ class Term:
 
     key : str
         Stable name (the component's key in an estimate and in JSON).
-    label, note : str or a function of the Context
-        What the table prints.
-    device : "gpu" or "cpu"
-    builder : Context -> sympy.Expr or None
-        The whole-model (unsharded) bytes; ``None`` where the term does not exist.
+    label, note : str or callable
+        What the table prints (text, or a function of the :class:`Context`).
+    device : str
+        ``"gpu"`` or ``"cpu"``.
+    builder : callable
+        A function of the :class:`Context` returning the whole-model (unsharded) bytes as a
+        sympy expression, or ``None`` where the term does not exist.
     group : one of :data:`GROUPS`
         Which total of :class:`vrammath.peak.Groups` the term enters.
-    live : "resident", "forward+backward", "backward", "backward+step" or "step"
-        When the term is alive in an iteration (documentation of the group's place in the
+    live : str
+        ``"resident"``, ``"forward+backward"``, ``"backward"``, ``"backward+step"`` or ``"step"``:
+        when the term is alive in an iteration (documentation of the group's place in the
         phase models, and of the rows that share a group but not a time, as ``reduce_buffer``).
     sharded_from : int or None
         The ZeRO stage from which the term is divided over ``N_d`` (None: never).
-    offload : "params", "optimizer" or None
-        A GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
+    offload : str or None
+        ``"params"`` or ``"optimizer"``: a GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
         sharded); a CPU term exists only under it.
     listed : bool
         Whether the estimate lists it as a component (False: a phase transient only).
@@ -223,10 +230,21 @@ class Term:
     listed: bool = True
 
 
-def per_rank(term: Term, expr: sympy.Expr, *, zero: int, offloaded: bool) -> sympy.Expr:
+def per_rank(
+    term: Term,
+    expr: sympy.Expr,
+    *,
+    zero: int,
+    offloaded: bool,
+    dim0: sympy.Expr | None = None,
+) -> sympy.Expr:
     """A row's whole-model ``expr`` on one rank: divided over ``N_d`` from the row's ZeRO stage,
     and 0 on the GPU when its offload is on and it is sharded (each rank's shard streams to the
     host, which keeps it: the row's CPU twin).
+
+    ``dim0`` is the parameter count of the fullest rank when each tensor is sharded on its dim 0
+    (FSDP2, :func:`dim0_shard_params`); a row proportional to ``P`` then holds that many
+    parameters' bytes instead of ``1/N_d`` of them.
 
     >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=False)
     2*P/N_d
@@ -234,13 +252,33 @@ def per_rank(term: Term, expr: sympy.Expr, *, zero: int, offloaded: bool) -> sym
     2*P
     >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=True)
     0
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=3, offloaded=False, dim0=sympy.Symbol("Q"))
+    2*Q
     """
     sharded = term.sharded_from is not None and zero >= term.sharded_from
     if sharded:
-        expr = expr / N_d
+        per_param = expr / P  # a number when the row is proportional to P
+        expr = per_param * dim0 if dim0 is not None and not per_param.free_symbols else expr / N_d
     if term.device == "gpu" and sharded and offloaded:
         return sympy.Integer(0)
     return expr
+
+
+def dim0_shard_params(spec: ModelSpec) -> sympy.Expr:
+    """Parameters on the fullest rank when every tensor is sharded on its dim 0, as FSDP2's
+    ``fully_shard`` does: ``ceil(dim0 / N_d)`` rows per rank, rank 0 the fullest (the padding
+    is on the last ranks).
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.states import state_values
+    >>> spec = load_model("llama-7b")
+    >>> values = {**state_values(spec), N_d: 7}
+    >>> int(dim0_shard_params(spec).subs(values)) - int(sympy.ceiling(P.subs(values) / 7))
+    868407
+    """
+    return sympy.Add(
+        *(t.count * sympy.ceiling(t.shape[0] / N_d) * t.numel / t.shape[0] for t in tensors(spec))
+    )
 
 
 def text(value: Text, ctx: Context) -> str:
@@ -408,6 +446,78 @@ def _step_note(ctx: Context) -> str:
     return "transient, during optimizer.step()" + adapters
 
 
+# --- the training loop ---------------------------------------------------------------------------
+
+
+def kept_outputs(ctx: Context) -> sympy.Expr | None:
+    """The model output a training loop keeps alive: the logits (b s V in the compute dtype)
+    and the fp32 loss, when the loop holds the output object (``Setup.keep_outputs``).
+
+    Explanation
+    ===========
+
+    ``out = model(**batch); out.loss.backward()`` keeps ``out`` -- and with it the logits,
+    b s V in the dtype ``lm_head`` produces (2 bytes in bf16, fp16 and autocast, 4 in fp32) --
+    until ``out`` is rebound by the next iteration's forward. A loop that keeps only the loss
+    (``loss = model(**batch).loss``) frees the logits once the loss is computed; that is what
+    the default estimate assumes. Measured on both loop shapes (``validation/engines.json``,
+    section ``loops``: a tiny LLaMA and LLaMA-7B, b1, bf16, sdpa), keeping the output adds,
+    per phase peak:
+
+    * forward: the previous iteration's output (logits + loss, b s V c + 4) in the steady state,
+      nothing in the first iteration;
+    * backward: the logits (b s V c; the loss is backward's root in either loop);
+    * optimizer step (and ``zero_grad``): logits + loss, b s V c + 4.
+
+    Which common loops keep what (read from their sources):
+
+    * transformers ``Trainer`` (``src/transformers/trainer.py``): ``training_step`` calls
+      ``compute_loss``, whose ``outputs = model(**inputs)`` is a local returned only with
+      ``return_outputs=True`` (evaluation); training gets the loss alone and backward runs after
+      ``compute_loss`` has returned, so the logits are freed: keep_outputs off.
+    * TRL's ``SFTTrainer`` (``trl/trainer/sft_trainer.py``): its ``compute_loss`` calls
+      ``super().compute_loss(..., return_outputs=True)`` to log token accuracy and entropy from
+      the logits, then returns the loss only: the output dies with the call, off.
+    * accelerate's examples (``examples/nlp_example.py``) and the Hugging Face course's plain
+      PyTorch loop: ``outputs = model(**batch); loss = outputs.loss;
+      accelerator.backward(loss)`` -- the output lives through backward and step: on.
+    * Lightning (``LightningModule.training_step`` contract, ``loops/optimization/automatic.py``'s
+      ``ClosureResult``): the loop keeps what ``training_step`` returns; returning the loss
+      tensor (or ``{"loss": loss}``) frees the logits with the step's locals: off. Returning the
+      logits in the dict keeps them: on.
+
+    Examples
+    ========
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.setup import Setup
+    >>> kept_outputs(Context(Setup(load_model("llama-7b"), keep_outputs=True)))
+    2*V*b*s + 4
+    >>> kept_outputs(Context(Setup(load_model("llama-7b")))) is None
+    True
+
+    See Also
+    ========
+
+    vrammath.peak.hf_phase_peaks : where the term enters each phase.
+
+    References
+    ==========
+
+    .. [1] transformers ``src/transformers/trainer.py``, ``Trainer.training_step`` and
+       ``Trainer.compute_loss``.
+    .. [2] accelerate ``examples/nlp_example.py``; Hugging Face course, chapter 3, "A full
+       training" (the plain PyTorch loop).
+    .. [3] TRL ``trl/trainer/sft_trainer.py``, ``SFTTrainer.compute_loss``.
+    .. [4] Lightning ``src/lightning/pytorch/loops/optimization/automatic.py`` (``ClosureResult``)
+       and the ``LightningModule.training_step`` documentation.
+    """
+    if not ctx.setup.keep_outputs:
+        return None
+    logits = 4 if ctx.precision == "fp32" else 2
+    return logits * b * s * V + LOSS_BYTES
+
+
 #: Every memory term of a training setup, in the order an estimate lists them.
 TERMS: tuple[Term, ...] = (
     Term("weights", _weights_label, "gpu", _weights, "weights", "resident", 3, "params",
@@ -453,6 +563,8 @@ TERMS: tuple[Term, ...] = (
     Term("logits_loss", "logits and loss buffers kept", "gpu", _logits_loss, "activations",
          "forward+backward",
          note="logits and the fp32 log-softmax the loss keeps for backward"),
+    Term("outputs", "model output kept by the loop", "gpu", kept_outputs, "outputs",
+         "resident", note="logits + loss, until the next forward rebinds the output"),
     Term("step_temporaries",
          lambda ctx: f"optimizer step temporaries ({ctx.setup.implementation})", "gpu",
          _step_temporaries, "temporaries", "step", 1, "optimizer", note=_step_note),
@@ -465,6 +577,7 @@ TERMS_BY_KEY: dict[str, Term] = {t.key: t for t in TERMS}
 __all__ = [
     "CPU_ADAM_GRAD_BYTES",
     "GROUPS",
+    "LOSS_BYTES",
     "STATE_GROUPS",
     "TERMS",
     "TERMS_BY_KEY",
@@ -474,6 +587,8 @@ __all__ = [
     "Live",
     "Offload",
     "Term",
+    "dim0_shard_params",
+    "kept_outputs",
     "per_rank",
     "text",
 ]

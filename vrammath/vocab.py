@@ -23,7 +23,7 @@ from typing import Literal, TypeVar, get_args
 
 from vrammath.errors import one_of
 
-#: precision recipes (bytes per element of each model state: :data:`vrammath.states.RECIPES`)
+#: precision recipes (their bytes per element of each model state are in vrammath.states.RECIPES)
 Recipe = Literal[
     "fp32",
     "fp16-mixed",
@@ -40,15 +40,15 @@ Attention = Literal["sdpa", "eager"]
 Recompute = Literal["none", "selective", "full"]
 #: the recomputation policies Hugging Face models offer (gradient checkpointing or none)
 HfRecompute = Literal["none", "full"]
-#: which activation formula: HF-exact, Korthikanti as published, or chosen from the setup
+#: which activation formula (HF-exact, Korthikanti as published, or chosen from the setup)
 ActivationModel = Literal["auto", "hf", "korthikanti"]
 Iteration = Literal["steady", "first"]
 Schedule = Literal["1f1b", "interleaved"]
-#: where the kernels run: CUDA and CPU kernels keep different tensors (dropout masks, norm stats)
+#: where the kernels run (CUDA and CPU kernels keep different dropout masks and norm stats)
 Device = Literal["cuda", "cpu"]
 #: the dtype the forward pass runs in
 Precision = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
-#: Korthikanti's parallel variants: none, tensor, tensor + sequence
+#: Korthikanti's parallel variants (none, tensor, tensor + sequence)
 Parallel = Literal["none", "tp", "tp_sp"]
 #: quantized frozen bases under QLoRA-style fine-tuning
 Quant = Literal["nf4", "nf4-nodq", "int8"]

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from vrammath.errors import InputError, one_of
+from vrammath.measure.build_decoders import MODEL_TYPES as DECODER_TYPES
+from vrammath.measure.build_decoders import decoder_class, decoder_config
 from vrammath.model import ModelSpec, from_hf_config
 
 if TYPE_CHECKING:
@@ -77,7 +79,24 @@ def hf_config(
     if attention not in ATTENTIONS:
         raise one_of("attention", attention, ATTENTIONS)
     n_layers = spec.layers if layers is None else layers
-    if spec.model_type == "gpt2":
+    if spec.model_type in DECODER_TYPES:
+        cfg = decoder_config(spec, n_layers)
+    elif spec.model_type == "gpt_neox":
+        rotary = spec.attention.rotary_dim
+        cfg = transformers.GPTNeoXConfig(
+            hidden_size=spec.hidden,
+            intermediate_size=spec.intermediate,
+            num_hidden_layers=n_layers,
+            num_attention_heads=spec.heads,
+            vocab_size=spec.vocab,
+            max_position_embeddings=spec.max_positions,
+            tie_word_embeddings=spec.tied_embeddings,
+            hidden_act=spec.mlp.activation,
+            attention_bias=spec.qkv_bias,
+            use_parallel_residual=spec.norms.parallel_residual,
+            rotary_pct=(spec.head_dim if rotary is None else rotary) / spec.head_dim,
+        )
+    elif spec.model_type == "gpt2":
         cfg = transformers.GPT2Config(
             n_embd=spec.hidden,
             n_layer=n_layers,
@@ -103,8 +122,39 @@ def hf_config(
             "tie_word_embeddings": spec.tied_embeddings,
             "max_position_embeddings": spec.max_positions,
         }
-        if spec.model_type == "qwen2":
-            cfg = transformers.Qwen2Config(**common, use_sliding_window=False)
+        if spec.model_type == "gemma2":
+            cfg = transformers.Gemma2Config(
+                **common,
+                hidden_activation=spec.mlp.activation,
+                attention_bias=spec.qkv_bias,
+                sliding_window=spec.sliding_window,
+                layer_types=_gemma2_layer_types(spec, n_layers),
+                attn_logit_softcapping=spec.attention.softcap,
+                final_logit_softcapping=spec.embeddings.logit_softcap,
+            )
+        elif spec.model_type == "gemma3_text":
+            cfg = transformers.Gemma3TextConfig(
+                **common,
+                hidden_activation=spec.mlp.activation,
+                attention_bias=spec.qkv_bias,
+                sliding_window=spec.sliding_window,
+                layer_types=_gemma2_layer_types(spec, n_layers),
+                attn_logit_softcapping=spec.attention.softcap,
+                final_logit_softcapping=spec.embeddings.logit_softcap,
+            )
+        elif spec.model_type == "gemma":
+            cfg = transformers.GemmaConfig(
+                **common, hidden_act=spec.mlp.activation, attention_bias=spec.qkv_bias
+            )
+        elif spec.model_type == "qwen2":
+            # the spec's window layers are the top ones, as max_window_layers places them
+            n_window = spec.attention.window_layers if spec.sliding_window is not None else 0
+            cfg = transformers.Qwen2Config(
+                **common,
+                use_sliding_window=n_window > 0,
+                sliding_window=spec.sliding_window if n_window else None,
+                max_window_layers=spec.layers - n_window,
+            )
         elif spec.model_type == "mistral":
             cfg = transformers.MistralConfig(**common, sliding_window=spec.sliding_window)
         else:
@@ -114,6 +164,19 @@ def hf_config(
     cfg._attn_implementation = attention
     cfg.use_cache = False
     return cfg
+
+
+def _gemma2_layer_types(spec: ModelSpec, n_layers: int) -> list[str]:
+    """Layer kinds with the spec's count of sliding layers and its top layer's kind.
+
+    The memory depends on the count and on the top layer only, so the sliding layers are put
+    at the top when the top one slides, else at the bottom.
+    """
+    n_window = spec.attention.window_layers if spec.sliding_window is not None else 0
+    n_window = min(n_window, n_layers)
+    top = spec.attention.last_layer_slides
+    slides = [(i >= n_layers - n_window) if top else (i < n_window) for i in range(n_layers)]
+    return ["sliding_attention" if x else "full_attention" for x in slides]
 
 
 def build_model(
@@ -131,11 +194,18 @@ def build_model(
     import transformers
 
     cfg = hf_config(spec, attention=attention, layers=layers, gelu=gelu)
-    cls = {
-        "gpt2": transformers.GPT2LMHeadModel,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
-    }.get(spec.model_type, transformers.LlamaForCausalLM)
+    if spec.model_type in DECODER_TYPES:
+        cls = decoder_class(spec)
+    else:
+        cls = {
+            "gpt2": transformers.GPT2LMHeadModel,
+            "qwen2": transformers.Qwen2ForCausalLM,
+            "mistral": transformers.MistralForCausalLM,
+            "gemma": transformers.GemmaForCausalLM,
+            "gemma2": transformers.Gemma2ForCausalLM,
+            "gemma3_text": transformers.Gemma3ForCausalLM,
+            "gpt_neox": transformers.GPTNeoXForCausalLM,
+        }.get(spec.model_type, transformers.LlamaForCausalLM)
     model = cls._from_config(cfg, dtype=param_dtype(precision))
     model.train()
     return model

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vrammath.lora import HF_MODULES, lora_targets
+from vrammath.lora import adapted_linears, lora_targets
 from vrammath.measure.build import as_spec, build_model, real_training_masks
 from vrammath.model import ModelSpec
 
@@ -124,7 +124,7 @@ def measure_lora_step(
                 r=rank,
                 lora_alpha=16,
                 lora_dropout=dropout,
-                target_modules=[HF_MODULES[t].split(".")[-1] for t in chosen],
+                target_modules=[m.module.split(".")[-1] for m in adapted_linears(spec, chosen)],
                 task_type="CAUSAL_LM",
             )
             with _module_to_in_place(), warnings.catch_warnings():

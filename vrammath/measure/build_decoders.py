@@ -1,0 +1,64 @@
+"""transformers configs and model classes of the newer decoders (Qwen3, OLMo-2, Phi-3, StarCoder2).
+
+:mod:`vrammath.measure.build` asks here for the model types of
+:mod:`vrammath.readers_decoders`; torch and transformers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vrammath.model import ModelSpec
+
+MODEL_TYPES: tuple[str, ...] = ("olmo2", "phi3", "qwen3", "starcoder2")
+"""The model types this module builds."""
+
+
+def decoder_config(spec: ModelSpec, layers: int) -> Any:
+    """The transformers config of ``spec`` (one of :data:`MODEL_TYPES`) with ``layers`` layers."""
+    import transformers
+
+    common: dict[str, Any] = {
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "max_position_embeddings": spec.max_positions,
+        # the defaults' token ids may lie outside a small test vocabulary (Phi-3's pad is 32000)
+        "pad_token_id": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+    if spec.model_type == "qwen3":
+        return transformers.Qwen3Config(
+            **common, attention_bias=spec.qkv_bias, use_sliding_window=False
+        )
+    if spec.model_type == "olmo2":
+        return transformers.Olmo2Config(**common, attention_bias=spec.qkv_bias)
+    if spec.model_type == "phi3":
+        return transformers.Phi3Config(**common, sliding_window=spec.sliding_window)
+    return transformers.Starcoder2Config(
+        **common,
+        embedding_dropout=spec.embeddings.dropout,
+        attention_dropout=spec.attention.dropout,
+        residual_dropout=spec.mlp.dropout,
+        use_bias=spec.qkv_bias,
+        sliding_window=spec.sliding_window,
+        hidden_act=spec.mlp.activation,
+    )
+
+
+def decoder_class(spec: ModelSpec) -> Any:
+    """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
+    import transformers
+
+    return {
+        "qwen3": transformers.Qwen3ForCausalLM,
+        "olmo2": transformers.Olmo2ForCausalLM,
+        "phi3": transformers.Phi3ForCausalLM,
+        "starcoder2": transformers.Starcoder2ForCausalLM,
+    }[spec.model_type]
