@@ -385,7 +385,18 @@ class ExactJsPrinter(JavascriptCodePrinter):
         return self._call("delta", expr.args)
 
     def _print_Piecewise(self, expr: sympy.Expr) -> str:
-        raise ValueError(f"Piecewise is not compiled: {expr}")
+        pairs = ",".join(f"[{self._print(c)},{self._print(e)}]" for e, c in expr.args)
+        return f"Z.pw({pairs})"
+
+    def _print_BooleanTrue(self, expr: sympy.Expr) -> str:
+        return "true"
+
+    def _print_BooleanFalse(self, expr: sympy.Expr) -> str:
+        return "false"
+
+    def _print_Relational(self, expr: sympy.Expr) -> str:
+        name = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}[expr.rel_op]
+        return self._call(name, expr.args)
 
     def emptyPrinter(self, expr: Any) -> str:
         raise ValueError(f"cannot compile {type(expr).__name__}: {expr}")

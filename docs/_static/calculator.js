@@ -52,6 +52,16 @@
     max: (...xs) => xs.reduce((a, b) => (cmp(a, b) >= 0 ? a : b)),
     min: (...xs) => xs.reduce((a, b) => (cmp(a, b) <= 0 ? a : b)),
     delta: (x, y) => (cmp(x, y) === 0 ? ONE : R(0n, 1n)),
+    ge: (x, y) => cmp(x, y) >= 0,
+    gt: (x, y) => cmp(x, y) > 0,
+    le: (x, y) => cmp(x, y) <= 0,
+    lt: (x, y) => cmp(x, y) < 0,
+    eq: (x, y) => cmp(x, y) === 0,
+    ne: (x, y) => cmp(x, y) !== 0,
+    pw: (...pairs) => {  // sympy's Piecewise: the first pair whose condition holds
+      for (const [cond, value] of pairs) if (cond) return value;
+      throw new Error("Piecewise: no condition holds");
+    },
   };
   const F = D.funcs(Z);
   const num = (x) => R(BigInt(x), 1n);
