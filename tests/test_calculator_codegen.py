@@ -72,3 +72,11 @@ def test_compiled_expressions_give_the_library_bytes(setup: Setup) -> None:
     got = _node_values([c.expr for c in comps] + phases + [est.gpu_expr()], est.values)
     want = [c.bytes for c in comps] + list(est.phases.values()) + [est.gpu_bytes]
     assert got == [str(x) for x in want]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_piecewise_takes_the_first_branch_that_holds() -> None:
+    w = sympy.Symbol("w_win", positive=True, integer=True)
+    expr = sympy.Piecewise((s * w, s >= w), (s**2, True)) / 3
+    got = [_node_values([expr], {s: x, w: 4}) for x in (3, 4, 7)]
+    assert got == [["3"], ["6"], ["10"]]  # ceil(9/3), ceil(16/3), ceil(28/3)
