@@ -224,7 +224,8 @@ def test_training_estimate_of_moe_is_refused_in_one_line() -> None:
 
 
 def test_moe_activations_compose_and_refuse_what_is_not_derived() -> None:
-    from vrammath.activations import hf_activation_bytes, hf_layer_terms
+    from vrammath.activations import hf_activation_bytes
+    from vrammath.layer_terms import hf_layer_terms
     from vrammath.moe import moe_mlp_kept_exprs
     from vrammath.symbols import L, L_e
 

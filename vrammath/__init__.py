@@ -22,13 +22,7 @@ from vrammath.activations import (
     activation_exprs,
     hf_activation_bytes,
     hf_activation_terms,
-    hf_layer_bytes,
-    hf_layer_terms,
     hf_logits_loss_terms,
-    korthikanti_first_stage_bytes,
-    korthikanti_interleave_factor,
-    korthikanti_layer_bytes,
-    korthikanti_layer_terms,
 )
 from vrammath.budget import DEFAULT_RESERVE_BYTES, Budget, budget, exact_bytes
 from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
@@ -44,6 +38,13 @@ from vrammath.inference import (
     serving_weight_bytes,
 )
 from vrammath.inverse import Solution, largest, smallest
+from vrammath.korthikanti import (
+    korthikanti_first_stage_bytes,
+    korthikanti_interleave_factor,
+    korthikanti_layer_bytes,
+    korthikanti_layer_terms,
+)
+from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
 from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
 from vrammath.model import ModelSpec, from_hf_config
 from vrammath.parallel import (

@@ -23,19 +23,15 @@ from typing import Any, NoReturn
 
 import sympy
 
-from vrammath.activations import (
-    activation_exprs,
-    hf_layer_bytes,
-    hf_logits_loss_terms,
-    korthikanti_first_stage_bytes,
-    korthikanti_layer_bytes,
-)
+from vrammath.activations import activation_exprs, hf_logits_loss_terms
 from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.fields import Option, options
 from vrammath.fit import fit
 from vrammath.inference import Serve, ServeEstimate, kv_cache_expr, serve, serve_warnings
+from vrammath.korthikanti import korthikanti_first_stage_bytes, korthikanti_layer_bytes
+from vrammath.layer_terms import hf_layer_bytes
 from vrammath.lora import (
     lora_param_count,
     lora_param_expr,

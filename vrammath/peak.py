@@ -39,19 +39,16 @@ from typing import Literal
 
 import sympy
 
-from vrammath.activations import (
-    Attention,
-    HfRecompute,
-    Precision,
-    hf_activation_terms,
+from vrammath.activation_parts import Attention, HfRecompute, Precision
+from vrammath.activations import hf_activation_terms, hf_logits_loss_terms
+from vrammath.errors import one_of
+from vrammath.layer_peaks import (
     hf_checkpointed_backward_bytes,
     hf_checkpointed_forward_bytes,
     hf_last_layer_forward_bytes,
-    hf_layer_terms,
-    hf_logits_loss_terms,
     hf_top_layer_backward_bytes,
 )
-from vrammath.errors import one_of
+from vrammath.layer_terms import hf_layer_terms
 from vrammath.model import ModelSpec
 from vrammath.params import tensors
 from vrammath.symbols import L, P, V, a, b, h, s
@@ -152,8 +149,8 @@ def _checkpointed_peaks(
     layer_terms: dict[str, sympy.Expr],
 ) -> tuple[sympy.Expr | None, sympy.Expr | None]:
     """The forward and backward peaks inside a checkpointed layer, where they are derived op by
-    op (:func:`vrammath.activations.hf_checkpointed_forward_bytes` and
-    :func:`~vrammath.activations.hf_checkpointed_backward_bytes`); None where not.
+    op (:func:`vrammath.layer_peaks.hf_checkpointed_forward_bytes` and
+    :func:`~vrammath.layer_peaks.hf_checkpointed_backward_bytes`); None where not.
 
     ``kept`` is what forward left without the loss's buffers: every layer's checkpoint and
     what the layers share, plus what exists only after the last layer (the final norm's saved
@@ -214,15 +211,15 @@ def hf_phase_peaks(
       backward, but the cache lives until the autocast region exits): + L times the layer's casts.
       With eager attention the peak may instead be at the last layer's softmax, before the final
       norm and the head exist: with full recomputation
-      (:func:`~vrammath.activations.hf_checkpointed_forward_bytes`, the layer saves nothing),
-      without it (:func:`~vrammath.activations.hf_last_layer_forward_bytes`).
+      (:func:`~vrammath.layer_peaks.hf_checkpointed_forward_bytes`, the layer saves nothing),
+      without it (:func:`~vrammath.layer_peaks.hf_last_layer_forward_bytes`).
     * ``backward_peak`` = the larger of the start of backward, W + O + A + 8sbV (the gradients of
       the log-softmax output and input), and its end, W + O + G + the embedding's gradient
       transient (a CPU accumulates a 16-bit embedding gradient in fp32, 4Vh; CUDA does not) + R,
       or a layer's attention backward: with eager attention and full recomputation the top or
-      the bottom layer recomputed (:func:`~vrammath.activations.hf_checkpointed_backward_bytes`),
+      the bottom layer recomputed (:func:`~vrammath.layer_peaks.hf_checkpointed_backward_bytes`),
       without recomputation the top layer
-      (:func:`~vrammath.activations.hf_top_layer_backward_bytes`), each with the weight
+      (:func:`~vrammath.layer_peaks.hf_top_layer_backward_bytes`), each with the weight
       gradients made by then as their share of G; elsewhere one layer's activations recomputed
       and the softmax backward's score-sized tensors; each + F.
     * With ``groups.outputs`` (the loop keeps the model output) every phase adds it

@@ -63,14 +63,9 @@ from typing import Literal
 
 import sympy
 
-from vrammath.activations import (
-    Attention,
-    HfRecompute,
-    Parallel,
-    Precision,
-    activation_exprs,
-    korthikanti_first_stage_bytes,
-)
+from vrammath.activation_parts import Attention, HfRecompute, Parallel, Precision
+from vrammath.activations import activation_exprs
+from vrammath.korthikanti import korthikanti_first_stage_bytes
 from vrammath.lora import lora_activation_layer_expr, lora_state_exprs, lora_step_temp_expr
 from vrammath.model import ModelSpec
 from vrammath.params import layer_param_expr, tensors

@@ -14,12 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.activations import (  # noqa: E402
-    Attention,
-    HfRecompute,
-    Precision,
-    hf_activation_bytes,
-)
+from vrammath.activation_parts import Attention, HfRecompute, Precision  # noqa: E402
+from vrammath.activations import hf_activation_bytes  # noqa: E402
 from vrammath.lora import lora_param_count  # noqa: E402
 from vrammath.measure import measure_training_step  # noqa: E402
 from vrammath.measure.build import build_model  # noqa: E402
