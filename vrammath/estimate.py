@@ -32,10 +32,9 @@ from vrammath.presets import GPU, gpu
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import N_d, P, b, m, p, r, s, t
-from vrammath.terms import (
+from vrammath.term_context import (
     GROUPS,
     STATE_GROUPS,
-    TERMS,
     Context,
     Group,
     Term,
@@ -43,6 +42,7 @@ from vrammath.terms import (
     per_rank,
     text,
 )
+from vrammath.terms import TERMS
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     ==========
 
     setup : Setup
-    terms : tuple of vrammath.terms.Term
+    terms : tuple of vrammath.term_context.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
     _check_modelled(setup)

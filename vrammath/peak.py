@@ -64,7 +64,7 @@ LOSS_BYTES = 4
 
 @dataclass(frozen=True)
 class Groups:
-    """Per-GPU bytes of each phase group (see :data:`vrammath.terms.GROUPS`).
+    """Per-GPU bytes of each phase group (see :data:`vrammath.term_context.GROUPS`).
 
     ``weights`` is everything resident through the whole iteration except the optimizer states
     and the gradients (weights, master copy, quantization constants, adapters); ``optimizer``
