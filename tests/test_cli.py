@@ -321,7 +321,7 @@ def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFix
 
 
 def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
-    from vrammath.inference import kv_cache_expr
+    from vrammath.kv_cache import kv_cache_expr
     from vrammath.lora import lora_param_expr
 
     spec = load_model("llama-7b")

@@ -29,14 +29,7 @@ from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, estimate
 from vrammath.fit import Fit, fewest_gpus, fit, largest_micro_batch, longest_sequence
-from vrammath.inference import (
-    Serve,
-    kv_bytes_per_token,
-    kv_cache_bytes,
-    kv_cache_expr,
-    serve,
-    serving_weight_bytes,
-)
+from vrammath.inference import Serve, serve
 from vrammath.inverse import Solution, largest, smallest
 from vrammath.korthikanti import (
     korthikanti_first_stage_bytes,
@@ -44,6 +37,7 @@ from vrammath.korthikanti import (
     korthikanti_layer_bytes,
     korthikanti_layer_terms,
 )
+from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
 from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
 from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
 from vrammath.model import ModelSpec, from_hf_config
@@ -75,6 +69,7 @@ from vrammath.presets import (
     raw_config,
 )
 from vrammath.quant import NF4_BLOCK, NF4_DQ_BLOCK, frozen_base_exprs, nf4_published_bits_per_param
+from vrammath.serving_weights import serving_weight_bytes
 from vrammath.setup import Setup
 from vrammath.states import (
     BNB_BLOCK,

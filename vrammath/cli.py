@@ -29,8 +29,9 @@ from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.fields import Option, options
 from vrammath.fit import fit
-from vrammath.inference import Serve, ServeEstimate, kv_cache_expr, serve, serve_warnings
+from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
 from vrammath.korthikanti import korthikanti_first_stage_bytes, korthikanti_layer_bytes
+from vrammath.kv_cache import kv_cache_expr
 from vrammath.layer_terms import hf_layer_bytes
 from vrammath.lora import (
     lora_param_count,

@@ -203,7 +203,7 @@ def test_lora_targets_match_peft(name: str, targets: str) -> None:
 @pytest.mark.parametrize("name", ["phi3-gqa", "qwen3-mqa-tied", "olmo2-gqa", "starcoder2-gqa"])
 def test_kv_cache_matches_dynamic_cache(name: str) -> None:
     """transformers' DynamicCache after a 37-token prefill: 2 L a_kv d tokens bytes."""
-    from vrammath.inference import kv_bytes_per_token
+    from vrammath.kv_cache import kv_bytes_per_token
     from vrammath.measure.build import hf_config
     from vrammath.measure.build_decoders import decoder_class
 
