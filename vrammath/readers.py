@@ -1156,7 +1156,13 @@ def read_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec
         raise InputError("config", "must be a JSON object", got=type(cfg).__name__)
     model_type = cfg.get("model_type")
     if model_type not in READERS:
-        raise one_of("model_type", model_type, MODEL_TYPES)
+        # no formula for it yet: derive measures any type transformers can build
+        raise InputError(
+            "model_type",
+            f"must be one of {', '.join(MODEL_TYPES)} (any other: measure it exactly with "
+            "`vrammath derive CONFIG.json`, needs the 'measure' extra)",
+            got=model_type,
+        )
     for key, what in REFUSED_KEYS.items():
         if key in READERS[str(model_type)].keys:  # the reader models it
             continue
