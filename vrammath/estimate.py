@@ -95,9 +95,10 @@ class Estimate:
 
     @cached_property
     def _gpu_expr(self) -> sympy.Expr:
-        # sympy.Max of symbolic phases compares them symbolically: built once, on demand
+        # unevaluated: a symbolic Max compares the phases symbolically (slow, and decides nothing
+        # the numbers do not); solvers take it branch by branch, sweeps and evaluation exactly
         if self.phase_exprs:
-            return sympy.Max(*self.phase_exprs.values())
+            return sympy.Max(*self.phase_exprs.values(), evaluate=False)
         return sympy.Add(
             *(c.expr for c in self.components if c.device == "gpu" and c.expr is not None)
         )

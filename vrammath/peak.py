@@ -173,11 +173,18 @@ def _checkpointed_peaks(
         return in_layer, None
     top, bottom = _gradient_shares(spec)
     layer = backward["layer"]
-    recomputing = sympy.Max(
+    recomputing = _peak(
         before + layer + gradients * top / P,
         before - (L - 1) * backward["checkpoint"] + layer + gradients * bottom / P,
     )
     return in_layer, recomputing
+
+
+def _peak(*candidates: sympy.Expr) -> sympy.Expr:
+    """The largest of the candidates, left unevaluated: sympy's Max would compare them
+    symbolically (a tenth of a second each, deciding nothing the numbers do not decide once they
+    go in); every evaluation puts numbers in and takes the maximum exactly."""
+    return sympy.Max(*candidates, evaluate=False)
 
 
 def _compute_bytes(precision: str) -> int:
@@ -307,8 +314,8 @@ def hf_phase_peaks(
         recomputing = exact[1] if exact[1] is not None else recomputing
     phases = {
         "forward_end": fwd_end,
-        "forward_peak": sympy.Max(*forward_candidates, in_layer) + gathered,
-        "backward_peak": sympy.Max(
+        "forward_peak": _peak(*forward_candidates, in_layer) + gathered,
+        "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
             recomputing + gathered,
             W + O_before + G + embed_temp + gathered + reduce_buffer,
