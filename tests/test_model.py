@@ -95,7 +95,8 @@ def test_attention_bias_llama() -> None:
             {"model_type": "bert"},
             "model_type: must be one of deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, "
             "llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, starcoder2 "
-            "(got 'bert')",
+            "(any other: measure it exactly with `vrammath derive CONFIG.json`, needs the "
+            "'measure' extra) (got 'bert')",
         ),
         (
             {"num_local_experts": 8},

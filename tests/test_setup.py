@@ -36,7 +36,7 @@ def test_tuples_are_the_literals() -> None:
 def test_every_field_is_declared_once_and_drives_cli_and_json() -> None:
     declared = [o.name for o in options(Setup)]
     assert declared == [f.name for f in dataclasses.fields(Setup)][1:]  # all but the model
-    assert len(declared) == 25
+    assert len(declared) == 27
     parser = build_parser()
     sub: Any = next(a for a in parser._actions if a.dest == "command").choices
     for command, cls in (("estimate", Setup), ("fit", Setup), ("serve", Serve)):
@@ -121,7 +121,7 @@ def test_warnings() -> None:
 
 
 def test_api_mistakes_are_input_errors() -> None:
-    from vrammath.inference import kv_cache_bytes
+    from vrammath.kv_cache import kv_cache_bytes
     from vrammath.presets import gpu
 
     with pytest.raises(InputError, match="^gpu: must be one of"):

@@ -18,7 +18,8 @@ from vrammath.presets import load_model, raw_config
 from vrammath.setup import Setup, with_changes
 from vrammath.states import model_state_exprs
 from vrammath.symbols import N_d, P
-from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, TERMS_BY_KEY
+from vrammath.term_context import GROUPS, STATE_GROUPS
+from vrammath.terms import TERMS, TERMS_BY_KEY
 
 GOLDEN: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parent / "data" / "golden.json").read_text()
@@ -130,3 +131,59 @@ def test_gpt2_activation_changes_only_the_mlp() -> None:
     # gelu_new keeps 4 intermediate tensors, PyTorch's fused tanh GeLU 1: 3 x 2 B x s b I, L layers
     assert new.bytes - tanh.bytes == 12 * 3 * 2 * 1024 * 3072
     assert sympy.simplify(new.expr - tanh.expr) != 0
+
+
+ENGINES: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parent.parent / "validation" / "engines.json").read_text()
+)
+
+
+@pytest.mark.parametrize("loop", ENGINES["loops"], ids=lambda r: r["id"])
+def test_keep_outputs_adds_what_the_measured_loops_differ_by(loop: dict[str, Any]) -> None:
+    """Keeping the model output moves each phase peak by exactly what the two measured loop
+    shapes (loss only / ``out = model(...)``) differ by: bf16 weights, AdamW, sdpa, first and
+    steady iterations."""
+    from vrammath.measure.build import as_spec
+
+    model = ENGINES["configs"].get(loop["model"], loop["model"])
+    spec = as_spec(model)
+    assert loop["logits_bytes"] == 2 * loop["batch"] * loop["seq"] * spec.vocab
+    for iteration in ("first", "steady"):
+        base = Setup(
+            spec,
+            recipe="bf16-pure",
+            micro_batch=loop["batch"],
+            seq_len=loop["seq"],
+            attention="sdpa",
+            device="cpu",
+            iteration=iteration,
+        )
+        loss_only = estimate(base).phases
+        kept = estimate(with_changes(base, keep_outputs=True)).phases
+        measured = loop["iterations"][iteration]
+        for phase in ("forward", "backward", "step"):
+            assert (
+                kept[f"{phase}_peak"] - loss_only[f"{phase}_peak"]
+                == measured[phase]["peak_difference"]
+            ), (iteration, phase)
+
+
+def test_keep_outputs_is_one_listed_term_off_by_default() -> None:
+    spec = load_model("qwen2-72b")
+    assert "outputs" not in {c.key for c in estimate(Setup(spec)).components}
+    est = estimate(Setup(spec, keep_outputs=True, recipe="fp32", seq_len=1024))
+    assert est.component("outputs").bytes == 4 * 1024 * 152064 + 4
+
+
+def test_dim0_shards_hold_what_fsdp2_rank0_holds() -> None:
+    """FSDP2 (shard="dim0"): rank 0 holds ceil(dim0 / N) rows of every tensor -- the committed
+    ZeRO-3 MQA row measured 79,672 B of fp32 parameters on rank 0 of 8, where P/N gives 79,392."""
+    row = next(r for r in ROWS if r["id"] == "small-tied-mqa/b4/s512/fp32/sdpa/rc-none/zero3x8")
+    setup = setup_of(row)
+    assert setup.shard == "dim0"
+    assert estimate(setup).component("weights").bytes == 79672
+    assert estimate(with_changes(setup, shard="flat")).component("weights").bytes == 79392
+    # a divisible model shards the same either way
+    llama = Setup(load_model("llama-7b"), zero=3, gpus=8)
+    dim0 = estimate(with_changes(llama, shard="dim0")).model_state_bytes
+    assert dim0 == estimate(llama).model_state_bytes

@@ -22,28 +22,23 @@ from vrammath.activations import (
     activation_exprs,
     hf_activation_bytes,
     hf_activation_terms,
-    hf_layer_bytes,
-    hf_layer_terms,
     hf_logits_loss_terms,
-    korthikanti_first_stage_bytes,
-    korthikanti_interleave_factor,
-    korthikanti_layer_bytes,
-    korthikanti_layer_terms,
 )
 from vrammath.budget import DEFAULT_RESERVE_BYTES, Budget, budget, exact_bytes
 from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, estimate
 from vrammath.fit import Fit, fewest_gpus, fit, largest_micro_batch, longest_sequence
-from vrammath.inference import (
-    Serve,
-    kv_bytes_per_token,
-    kv_cache_bytes,
-    kv_cache_expr,
-    serve,
-    serving_weight_bytes,
-)
+from vrammath.inference import Serve, serve
 from vrammath.inverse import Solution, largest, smallest
+from vrammath.korthikanti import (
+    korthikanti_first_stage_bytes,
+    korthikanti_interleave_factor,
+    korthikanti_layer_bytes,
+    korthikanti_layer_terms,
+)
+from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
+from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
 from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
 from vrammath.model import ModelSpec, from_hf_config
 from vrammath.parallel import (
@@ -74,6 +69,7 @@ from vrammath.presets import (
     raw_config,
 )
 from vrammath.quant import NF4_BLOCK, NF4_DQ_BLOCK, frozen_base_exprs, nf4_published_bits_per_param
+from vrammath.serving_weights import serving_weight_bytes
 from vrammath.setup import Setup
 from vrammath.states import (
     BNB_BLOCK,

@@ -14,28 +14,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import sympy
 
-from vrammath.activations import (
-    activation_exprs,
-    hf_layer_bytes,
-    hf_logits_loss_terms,
-    korthikanti_first_stage_bytes,
-    korthikanti_layer_bytes,
-)
+from vrammath.activations import activation_exprs, hf_logits_loss_terms
 from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.fields import Option, options
 from vrammath.fit import fit
-from vrammath.inference import Serve, ServeEstimate, kv_cache_expr, serve, serve_warnings
+from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
+from vrammath.korthikanti import korthikanti_first_stage_bytes, korthikanti_layer_bytes
+from vrammath.kv_cache import kv_cache_expr
+from vrammath.layer_terms import hf_layer_bytes
 from vrammath.lora import (
     lora_param_count,
     lora_param_expr,
@@ -257,7 +256,50 @@ def build_parser() -> argparse.ArgumentParser:
     _add_formula_parser(sub)
     _add_json(sub.add_parser("models", help="list model presets"))
     _add_json(sub.add_parser("gpus", help="list GPU presets"))
+    _add_derive_parser(sub)
     return parser
+
+
+# --- derive (the measure extra): the exact polynomial of any config transformers can build ------
+
+
+def _add_derive_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    der = sub.add_parser(
+        "derive",
+        help="exact memory polynomial in b and s of any transformers config, from fake training "
+        "steps (needs the 'measure' extra)",
+    )
+    der.add_argument("config", help="path to a config.json, or a preset name")
+    batch = Option("batch", "--batch", "micro-batch size b (default 1)", low=1, high=2**20)
+    seq = Option("seq", "--seq", "sequence length s (default 512)", low=1, high=2**24)
+    der.add_argument("--batch", type=_integer(batch), default=1, help=batch.help)
+    der.add_argument("--seq", type=_integer(seq), default=512, help=seq.help)
+    der.add_argument("--precision", type=_choices("precision", ("bf16", "fp32")), default="bf16")
+    der.add_argument("--attention", type=_choices("attention", ATTENTIONS), default="sdpa")
+    der.add_argument("--recompute", type=_choices("recompute", HF_RECOMPUTES), default="none")
+    _add_json(der)
+
+
+def _cmd_derive(args: argparse.Namespace) -> Result:
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):
+        raise InputError("derive", "needs torch and transformers: pip install 'vrammath[measure]'")
+    from vrammath.measure.derive import derive, report_lines
+    from vrammath.presets import _read_limited, model_names, parse_config_text, raw_config
+
+    if args.config in model_names():
+        cfg = raw_config(args.config)
+    else:
+        path = Path(args.config)
+        cfg = parse_config_text(_read_limited(path, "config"), path.name)
+    found = derive(
+        cfg,
+        precision=args.precision,
+        attention=args.attention,
+        recompute=args.recompute,
+        batch=args.batch,
+        seq=args.seq,
+    )
+    return "\n".join(report_lines(found, args.batch, args.seq)), found.as_dict(args.batch, args.seq)
 
 
 # --- the commands: each returns its text and the same content as a JSON-ready dict -------------
@@ -468,6 +510,8 @@ def _run(args: argparse.Namespace) -> Result:
         return _cmd_formula(args)
     if args.command == "models":
         return _cmd_models()
+    if args.command == "derive":
+        return _cmd_derive(args)
     return _cmd_gpus()
 
 

@@ -32,7 +32,17 @@ from vrammath.presets import GPU, gpu
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import N_d, P, b, m, p, r, s, t
-from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, Context, Group, Term, per_rank, text
+from vrammath.term_context import (
+    GROUPS,
+    STATE_GROUPS,
+    Context,
+    Group,
+    Term,
+    dim0_shard_params,
+    per_rank,
+    text,
+)
+from vrammath.terms import TERMS
 
 
 @dataclass(frozen=True)
@@ -209,7 +219,11 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     expr = term.builder(ctx)
     if expr is None:
         return None
-    return per_rank(term, expr, zero=ctx.setup.zero, offloaded=offloaded)
+    setup = ctx.setup
+    dim0 = None
+    if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
+        dim0 = dim0_shard_params(setup.model)
+    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0)
 
 
 def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
@@ -224,9 +238,13 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
             )
         )
 
-    weights, optimizer, gradients, activations, temporaries, in_flight = (total(g) for g in GROUPS)
+    weights, optimizer, gradients, activations, temporaries, in_flight, outputs = (
+        total(g) for g in GROUPS
+    )
     reduce = total("in-flight", backward_only=True)
-    return Groups(weights, optimizer, gradients, activations, temporaries, in_flight, reduce)
+    return Groups(
+        weights, optimizer, gradients, activations, temporaries, in_flight, reduce, outputs
+    )
 
 
 def _check_modelled(setup: Setup) -> None:
@@ -266,7 +284,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     ==========
 
     setup : Setup
-    terms : tuple of vrammath.terms.Term
+    terms : tuple of vrammath.term_context.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
     _check_modelled(setup)

@@ -31,7 +31,7 @@ Examples
 >>> from_hf_config({"model_type": "mamba"})
 Traceback (most recent call last):
 ...
-vrammath.errors.InputError: model_type: must be one of deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, starcoder2 (got 'mamba')
+vrammath.errors.InputError: model_type: must be one of deepseek_v3, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, starcoder2 (any other: measure it exactly with `vrammath derive CONFIG.json`, needs the 'measure' extra) (got 'mamba')
 """
 
 from __future__ import annotations

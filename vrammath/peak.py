@@ -39,34 +39,42 @@ from typing import Literal
 
 import sympy
 
-from vrammath.activations import (
-    Attention,
-    HfRecompute,
-    Precision,
-    hf_layer_terms,
-    hf_logits_loss_terms,
-)
+from vrammath.activation_parts import Attention, HfRecompute, Precision
+from vrammath.activations import hf_activation_terms, hf_logits_loss_terms
 from vrammath.errors import one_of
+from vrammath.layer_peaks import (
+    hf_checkpointed_backward_bytes,
+    hf_checkpointed_forward_bytes,
+    hf_last_layer_forward_bytes,
+    hf_top_layer_backward_bytes,
+)
+from vrammath.layer_terms import hf_layer_terms
 from vrammath.model import ModelSpec
-from vrammath.symbols import L, V, a, b, h, s
+from vrammath.params import tensors
+from vrammath.symbols import L, P, V, a, b, h, s
 
 Iteration = Literal["steady", "first"]
 
 #: The phases of one iteration whose peaks an estimate reports.
 PHASES = ("forward_peak", "backward_peak", "step_peak")
 
+#: The loss HF's causal-LM models return: one fp32 scalar (the loss upcasts the logits).
+LOSS_BYTES = 4
+
 
 @dataclass(frozen=True)
 class Groups:
-    """Per-GPU bytes of each phase group (see :data:`vrammath.terms.GROUPS`).
+    """Per-GPU bytes of each phase group (see :data:`vrammath.term_context.GROUPS`).
 
     ``weights`` is everything resident through the whole iteration except the optimizer states
     and the gradients (weights, master copy, quantization constants, adapters); ``optimizer``
     the optimizer states; ``gradients`` the gradients alive after backward; ``activations`` what
     forward keeps for backward (logits and loss included); ``temporaries`` the optimizer step's
     transients; ``in_flight`` what is in flight through forward and backward (ZeRO-3's gathered
-    layers, a dequantized matrix) and ``reduce`` what only backward adds (one layer's unsharded
-    gradients before the reduce-scatter).
+    layers, a dequantized matrix), ``reduce`` what only backward adds (one layer's unsharded
+    gradients before the reduce-scatter) and ``outputs`` the model output the training loop
+    keeps (logits + loss, :func:`vrammath.terms.kept_outputs`; 0 for a loop that keeps the loss
+    only).
     """
 
     weights: sympy.Expr
@@ -76,11 +84,100 @@ class Groups:
     temporaries: sympy.Expr
     in_flight: sympy.Expr
     reduce: sympy.Expr
+    outputs: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
     if iteration not in ("steady", "first"):
         raise one_of("iteration", iteration, ("steady", "first"))
+
+
+def _with_kept_outputs(
+    phases: dict[str, sympy.Expr], outputs: sympy.Expr, iteration: Iteration
+) -> dict[str, sympy.Expr]:
+    """The phases of a loop that keeps the model output (logits + loss, ``outputs``) until the
+    next forward rebinds it: the previous output is alive through the steady state's forward
+    (the first iteration has none), the current one's logits through backward (the loss is
+    alive in either loop there: it is backward's root), logits and loss through the step."""
+    if outputs == 0:
+        return phases
+    forward = outputs if iteration == "steady" else sympy.Integer(0)
+    add = {
+        "forward_end": outputs - LOSS_BYTES,  # the new output's logits replace the old output
+        "forward_peak": forward,
+        "backward_peak": outputs - LOSS_BYTES,
+        "step_peak": outputs,
+    }
+    return {k: e + add.get(k, 0) for k, e in phases.items()}
+
+
+def _gradient_shares(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr]:
+    """Parameters whose gradients exist at a layer's attention backward, at the top layer and
+    at the bottom one: at the top the head, the final norm and the layer's MLP, second norm and
+    output projection; at the bottom everything but the input side (the untied embedding,
+    learned positions) and the layer's first norm and q/k/v."""
+    own = (
+        "input_layernorm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "ln_1.",  # GPT-2's names
+        "attn.c_attn.",
+    )
+    per_layer = [t for t in tensors(spec) if t.count == L]
+    pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
+    outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
+    last = sympy.Add(
+        *(
+            t.numel
+            for t in tensors(spec)
+            if t.component == "positions"
+            or (t.component == "embedding" and not spec.tied_embeddings)
+        )
+    )
+    top = outside - last + sympy.Add(*(t.numel for t in per_layer)) - pending
+    return top, P - last - pending
+
+
+def _checkpointed_peaks(
+    spec: ModelSpec,
+    precision: Precision,
+    attention: Attention,
+    device: Literal["cuda", "cpu"],
+    kept: sympy.Expr,
+    gradients: sympy.Expr,
+    layer_terms: dict[str, sympy.Expr],
+) -> tuple[sympy.Expr | None, sympy.Expr | None]:
+    """The forward and backward peaks inside a checkpointed layer, where they are derived op by
+    op (:func:`vrammath.layer_peaks.hf_checkpointed_forward_bytes` and
+    :func:`~vrammath.layer_peaks.hf_checkpointed_backward_bytes`); None where not.
+
+    ``kept`` is what forward left without the loss's buffers: every layer's checkpoint and
+    what the layers share, plus what exists only after the last layer (the final norm's saved
+    tensors, the head's input and weight cast), which is subtracted here. Forward peaks in the
+    last layer, with the earlier layers' autocast weight casts cached. Backward peaks in the top
+    or the bottom layer: the weight gradients made by then enter as their share of the per-GPU
+    gradient total G (so that sharding divides them) -- at the top the head, the final norm and
+    the layer's MLP, second norm and ``o_proj``; at the bottom everything but the untied
+    embedding and the layer's first norm and q/k/v, while the checkpoints of the L - 1 layers
+    above are freed.
+    """
+    forward = hf_checkpointed_forward_bytes(spec, attention, precision, device=device)
+    backward = hf_checkpointed_backward_bytes(spec, attention, precision, device=device)
+    tail = hf_activation_terms(spec, attention, precision, "full", device=device)
+    before = kept - tail["final_norm"] - tail["head_input"] - tail["head_weight_cast"]
+    in_layer = None
+    if forward is not None:
+        in_layer = before + (L - 1) * layer_terms["weight_casts"] + forward
+    if backward is None:
+        return in_layer, None
+    top, bottom = _gradient_shares(spec)
+    layer = backward["layer"]
+    recomputing = sympy.Max(
+        before + layer + gradients * top / P,
+        before - (L - 1) * backward["checkpoint"] + layer + gradients * bottom / P,
+    )
+    return in_layer, recomputing
 
 
 def _compute_bytes(precision: str) -> int:
@@ -112,12 +209,21 @@ def hf_phase_peaks(
       the loss runs) + F. Under autocast with full recomputation, every layer's 16-bit weight
       copy is still in autocast's cache at the loss (the checkpoints do not keep them for
       backward, but the cache lives until the autocast region exits): + L times the layer's casts.
+      With eager attention the peak may instead be at the last layer's softmax, before the final
+      norm and the head exist: with full recomputation
+      (:func:`~vrammath.layer_peaks.hf_checkpointed_forward_bytes`, the layer saves nothing),
+      without it (:func:`~vrammath.layer_peaks.hf_last_layer_forward_bytes`).
     * ``backward_peak`` = the larger of the start of backward, W + O + A + 8sbV (the gradients of
       the log-softmax output and input), and its end, W + O + G + the embedding's gradient
       transient (a CPU accumulates a 16-bit embedding gradient in fp32, 4Vh; CUDA does not) + R,
-      or the top layer's backward: the loss's buffers freed, with full recomputation one layer's
-      activations recomputed, with eager attention the softmax backward's score-sized tensors;
-      each + F.
+      or a layer's attention backward: with eager attention and full recomputation the top or
+      the bottom layer recomputed (:func:`~vrammath.layer_peaks.hf_checkpointed_backward_bytes`),
+      without recomputation the top layer
+      (:func:`~vrammath.layer_peaks.hf_top_layer_backward_bytes`), each with the weight
+      gradients made by then as their share of G; elsewhere one layer's activations recomputed
+      and the softmax backward's score-sized tensors; each + F.
+    * With ``groups.outputs`` (the loop keeps the model output) every phase adds it
+      (:func:`vrammath.terms.kept_outputs`).
     * ``step_peak`` = W + O + G + T. In the first iteration O is created inside this step and is
       absent before it.
 
@@ -176,23 +282,40 @@ def hf_phase_peaks(
     if recompute == "full" and precision.startswith("autocast"):
         cast_cache = L * layer_terms["weight_casts"]
     fwd_end = W + O_before + act
-    return {
+    in_layer = fwd_end - loss["kept"] + (fwd_layer if recompute == "full" else 0) + cast_cache
+    forward_candidates = [fwd_end + loss["forward_transient"] + cast_cache]
+    unchecked = hf_last_layer_forward_bytes(spec, attention, precision, device=device)
+    if recompute == "none" and unchecked is not None:
+        # the last layer's softmax, before the final norm and the head exist
+        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
+        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
+        forward_candidates.append(in_layer - after - unchecked["later"] + unchecked["live"])
+    recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
+    top_layer = hf_top_layer_backward_bytes(spec, attention, precision)
+    if recompute == "none" and top_layer is not None:
+        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
+        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
+        top, _ = _gradient_shares(spec)
+        recomputing = (
+            fwd_end - loss["kept"] - after - top_layer["freed"] + G * top / P
+        ) + top_layer["in_flight"]
+    if recompute == "full":
+        exact = _checkpointed_peaks(
+            spec, precision, attention, device, fwd_end - loss["kept"], G, layer_terms
+        )
+        in_layer = exact[0] if exact[0] is not None else in_layer
+        recomputing = exact[1] if exact[1] is not None else recomputing
+    phases = {
         "forward_end": fwd_end,
-        "forward_peak": sympy.Max(
-            fwd_end + loss["forward_transient"] + cast_cache + gathered,
-            fwd_end
-            - loss["kept"]
-            + (fwd_layer if recompute == "full" else 0)
-            + cast_cache
-            + gathered,
-        ),
+        "forward_peak": sympy.Max(*forward_candidates, in_layer) + gathered,
         "backward_peak": sympy.Max(
             fwd_end + loss["backward_transient"] + gathered,
-            fwd_end - loss["kept"] + recomputed + attn_bwd + gathered,
+            recomputing + gathered,
             W + O_before + G + embed_temp + gathered + reduce_buffer,
         ),
         "step_peak": W + O_ + G + T_opt,
     }
+    return _with_kept_outputs(phases, groups.outputs, iteration)
 
 
 def korthikanti_phase_peaks(
@@ -212,11 +335,12 @@ def korthikanti_phase_peaks(
     W, O_, G = groups.weights, groups.optimizer, groups.gradients
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     A, in_flight = groups.activations, groups.in_flight
-    return {
+    phases = {
         "forward_peak": W + O_before + A + in_flight,
         "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight,
         "step_peak": W + O_ + G + groups.temporaries,
     }
+    return _with_kept_outputs(phases, groups.outputs, iteration)
 
 
 __all__ = ["PHASES", "Groups", "Iteration", "hf_phase_peaks", "korthikanti_phase_peaks"]

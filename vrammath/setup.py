@@ -24,6 +24,7 @@ vrammath.errors.InputError: tp: must divide the KV heads (8) as Megatron splits 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
@@ -56,6 +57,10 @@ from vrammath.vocab import (
     Schedule,
     check,
 )
+
+#: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.term_context.per_rank`).
+Shard = Literal["flat", "dim0"]
+SHARDS: tuple[Shard, ...] = ("flat", "dim0")
 
 # Names kept for callers of the earlier module (the tuples live in vrammath.vocab).
 ATTENTION = ATTENTIONS
@@ -246,6 +251,24 @@ class Setup:
             "--device", _choices("where the kernels run", DEVICES, "cuda"), choices=DEVICES
         ),
     )
+    shard: Shard = field(
+        default="flat",
+        metadata=option(
+            "--shard",
+            "how sharded states divide: flat (DeepSpeed's flat buffer, ceil(P/N) each) or dim0 "
+            "(FSDP2: each tensor's dim 0 in ceil(dim0/N) rows, rank 0 the fullest)",
+            choices=SHARDS,
+        ),
+    )
+    keep_outputs: bool = field(
+        default=False,
+        metadata=option(
+            "--keep-outputs",
+            "the loop keeps the model output through backward (out = model(...); "
+            "out.loss.backward()); default: only the loss, as Trainer",
+            kind="switch",
+        ),
+    )
 
     @property
     def activation_formula(self) -> str:
@@ -268,7 +291,7 @@ class Setup:
         check("optimizer", self.optimizer, OPTIMIZERS)
         check("implementation", self.implementation, IMPLEMENTATIONS)
         object.__setattr__(self, "zero", zero_stage(self.zero))
-        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout"):
+        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout", "keep_outputs"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(name, "must be true or false", getattr(self, name))
         check_bounds(self)
@@ -276,6 +299,7 @@ class Setup:
         check("recompute", self.recompute, RECOMPUTES)
         check("activation_model", self.activation_model, ACTIVATION_MODELS)
         check("iteration", self.iteration, ITERATIONS)
+        check("shard", self.shard, SHARDS)
         check("schedule", self.schedule, SCHEDULES)
         check("device", self.device, DEVICES)
         if self.gpu is not None:
@@ -409,7 +433,9 @@ __all__ = [
     "PRECISION_OF",
     "RECOMPUTE",
     "SCHEDULES",
+    "SHARDS",
     "Setup",
+    "Shard",
     "setup_warnings",
     "with_changes",
 ]

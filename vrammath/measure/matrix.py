@@ -3,7 +3,8 @@
 ``python -m vrammath.measure.matrix`` measures every row (fake tensors on a CPU), compares each
 component with vrammath's estimate, and writes ``validation/matrix.json`` with the torch and
 transformers versions and the command. ``--diff`` compares a fresh run with the committed file;
-``--quick`` keeps only the rows marked quick (small models), ``--rows`` selects by id substring.
+``--quick`` keeps only the rows marked quick (small models), ``--rows`` selects by id substring;
+``--rescore FILE`` compares a committed matrix's measured numbers with the current estimates.
 
 Targets: parameters, gradients and optimizer states exact (0 bytes); activations and the step peak
 within 1%. A row outside the target stays failing, with its explanation in the data.
@@ -148,7 +149,7 @@ def step_counter_bytes(spec: Any, optimizer: str) -> int:
 def setup_of(row: dict[str, Any], *, device: str = "cpu") -> Setup:
     """The :class:`~vrammath.setup.Setup` a matrix row measures: its precision's recipe
     (:data:`~vrammath.measure.build.RECIPE_OF`), FSDP2 over ``zero3_ranks`` as ZeRO-3 on that
-    many GPUs, the batch, sequence, attention, recomputation and optimizer of the row.
+    many GPUs (states sharded per tensor on dim 0), the batch, sequence, attention, recomputation and optimizer of the row.
 
     >>> setup_of(ROWS[8]).zero, setup_of(ROWS[8]).gpus, setup_of(ROWS[8]).recipe
     (3, 8, 'bf16-pure')
@@ -166,6 +167,7 @@ def setup_of(row: dict[str, Any], *, device: str = "cpu") -> Setup:
         attention=row["attention"],
         recompute=row["recompute"],
         device=device,
+        shard="dim0" if ranks else "flat",  # FSDP2 shards each tensor's dim 0
     )
 
 
@@ -225,21 +227,7 @@ def measured_row(result: dict[str, Any]) -> dict[str, int]:
 
 def explain(row: dict[str, Any], name: str) -> str:
     """Why a component of a row misses its target (kept in the data, shown in the docs)."""
-    full = row["recompute"] == "full"
     eager = row["attention"] == "eager"
-    if name in ("forward_peak", "peak", "first_peak") and full and eager:
-        return (
-            "forward peak of checkpointed eager layers is modelled as one layer's saved "
-            "activations plus the masked scores at once; non-reentrant checkpointing drops saved "
-            "tensors as they are produced, so the real transient is smaller (not yet derived op "
-            "by op)"
-        )
-    if name in ("backward_peak", "peak", "first_peak") and full:
-        return (
-            "backward peak with full recomputation is approximated as the top layer recomputed "
-            "plus its attention-backward transients; the gradients of the recomputed layer's "
-            "other ops (MLP, norms; GeLU and dropout in GPT-2) are not modelled op by op"
-        )
     if name in ("forward_peak", "peak", "first_peak") and eager:
         return (
             "forward peak: eager attention's transient score tensors inside the last layer "
@@ -256,11 +244,6 @@ def explain(row: dict[str, Any], name: str) -> str:
         return (
             "forward peak under autocast is inside the last layer (RoPE promotes Q and K to "
             "fp32 before the 16-bit casts) when the logits are small, not at the loss"
-        )
-    if name in ("parameters", "gradients", "optimizer") and row["zero3_ranks"]:
-        return (
-            "FSDP2 pads each parameter's dim-0 to a multiple of the world size; rank 0's shard "
-            "holds ceil(dim0 / N) rows, more than P/N when dim-0 does not divide"
         )
     return "not yet explained"
 
@@ -397,6 +380,47 @@ def diff(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
+    """The committed matrix compared again with the current estimates: measured numbers kept,
+    every row's estimated side, errors and verdicts recomputed (what a change to the formulas,
+    not to the measurement, needs)."""
+    rows = []
+    for row in committed["rows"]:
+        if "components" not in row:
+            rows.append(row)
+            continue
+        spec_row = {k: row[k] for k in ROW_KEYS}
+        measured = {name: c["measured"] for name, c in row["components"].items()}
+        comp = compare(estimate_row(spec_row), measured, spec_row)
+        rows.append({**row, "components": comp, "pass": all(c["pass"] for c in comp.values())})
+    worst: dict[str, float] = {}
+    for r in rows:
+        for name, c in r.get("components", {}).items():
+            worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    return {
+        **committed,
+        "rescored": command,
+        "worst_rel_error": worst,
+        "passed": sum(1 for r in rows if r["pass"]),
+        "rows": rows,
+    }
+
+
+ROW_KEYS = (
+    "id",
+    "model",
+    "batch",
+    "seq",
+    "precision",
+    "attention",
+    "recompute",
+    "optimizer",
+    "implementation",
+    "zero3_ranks",
+    "quick",
+)
+
+
 def default_path() -> Path:
     """``validation/matrix.json`` of the source checkout."""
     return Path(__file__).resolve().parents[2] / "validation" / "matrix.json"
@@ -465,7 +489,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=None, help="only rows whose id contains this")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--cuda", action="store_true", help="measure GPU_ROWS on a CUDA GPU")
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        default=None,
+        help="compare this matrix's measured numbers with the current estimates (no measuring)",
+    )
     args = parser.parse_args(argv)
+    if args.rescore:
+        rescored = rescore(
+            json.loads(args.rescore.read_text(encoding="utf-8")),
+            "python -m vrammath.measure.matrix " + " ".join(argv or sys.argv[1:]),
+        )
+        out = args.out or args.rescore
+        out.write_text(json.dumps(rescored, indent=1) + "\n", encoding="utf-8")
+        print(f"{rescored['passed']}/{len(rescored['rows'])} rows pass")
+        return 0
     if args.cuda:
         import torch
         import transformers

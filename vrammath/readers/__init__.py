@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vrammath.errors import InputError, one_of
+from vrammath.errors import InputError
 from vrammath.model import ModelSpec
 from vrammath.readers.decoders import decoder_readers
 from vrammath.readers.gemma import GEMMA, GEMMA2, GEMMA3_TEXT
@@ -89,7 +89,13 @@ def read_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec
         raise InputError("config", "must be a JSON object", got=type(cfg).__name__)
     model_type = cfg.get("model_type")
     if model_type not in READERS:
-        raise one_of("model_type", model_type, MODEL_TYPES)
+        # no formula for it yet: derive measures any type transformers can build
+        raise InputError(
+            "model_type",
+            f"must be one of {', '.join(MODEL_TYPES)} (any other: measure it exactly with "
+            "`vrammath derive CONFIG.json`, needs the 'measure' extra)",
+            got=model_type,
+        )
     for key, what in REFUSED_KEYS.items():
         if key in READERS[str(model_type)].keys:  # the reader models it
             continue
