@@ -5,9 +5,12 @@ the module that owns it, evaluated for real models read from Hugging Face ``conf
 (:mod:`vrammath.presets`), and checked against memory PyTorch itself counts (``vrammath.measure``,
 an optional extra).
 
-Scope: dense decoder-only transformers of the LLaMA family (llama, mistral, qwen2) and of the GPT-2
-family; mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam, Adafactor; ZeRO 0-3 / FSDP with CPU
-offload. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
+Scope: decoder-only transformers read from their config.json by one reader per ``model_type``
+(:data:`vrammath.readers.READERS`: LLaMA, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo-2, StarCoder2,
+GPT-2, GPT-NeoX, and the mixture-of-experts Mixtral, Qwen2/3-MoE and DeepSeek-V3, whose training
+activations are refused until derived); mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam,
+Adafactor; ZeRO 0-3 / FSDP with CPU offload; tensor, sequence, pipeline and expert parallelism;
+LoRA/QLoRA; serving with the KV cache. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 
 >>> import vrammath
 >>> est = vrammath.estimate(vrammath.Setup(vrammath.load_model("llama-7b"), zero=3, gpus=8))
@@ -99,6 +102,7 @@ __all__ = [
     "BNB_MIN_8BIT_SIZE",
     "COMPONENTS",
     "DEFAULT_RESERVE_BYTES",
+    "FORMULAS",
     "FSDP_STRATEGIES",
     "GB",
     "NF4_BLOCK",
@@ -129,6 +133,7 @@ __all__ = [
     "fmt_bytes",
     "fmt_gb",
     "fmt_gib",
+    "formula_exprs",
     "from_hf_config",
     "frozen_base_exprs",
     "gpu",
