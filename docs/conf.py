@@ -256,7 +256,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Symbol|Expr|Basic|Rational|Integer|Float|Number|Matrix|Eq|Piecewise)"),
     (r"py:.*", r"(sympy\.core\..*|sympy\.[a-z_.]+)"),
     # autodoc splits the default of estimate(terms=TERMS) at the comma of tuple[Term, ...]
-    (r"py:class", r"tuple\[~vrammath\.terms\.Term"),
+    (r"py:class", r"tuple\[~vrammath\.(terms|term_context)\.Term"),
     (r"py:class", r"(vrammath\.vocab\._S|callable)"),
     (r"py:class", r"(int|float|str|bool|bytes|object|dict|list|tuple|set|frozenset|None)"),
     (r"py:class", r"(Ellipsis|ellipsis|EllipsisType|types\..*)"),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from vrammath.activations import hf_activation_terms, hf_layer_bytes, hf_layer_terms, qk_norm_bytes
+from vrammath.activations import hf_activation_terms
 from vrammath.errors import InputError
-from vrammath.inference import kv_bytes_per_token
+from vrammath.kv_cache import kv_bytes_per_token
+from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms, qk_norm_bytes
 from vrammath.lora import adapted_linears, lora_param_count
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values, tensors

@@ -7,9 +7,10 @@ import pytest
 import sympy
 
 import vrammath as vm
-from vrammath.activations import hf_activation_bytes, hf_layer_terms, window_reached
+from vrammath.activations import hf_activation_bytes
 from vrammath.errors import InputError
-from vrammath.inference import kv_cache_bytes
+from vrammath.kv_cache import kv_cache_bytes
+from vrammath.layer_terms import hf_layer_terms, window_reached
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values
 from vrammath.presets import load_model

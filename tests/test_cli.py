@@ -291,7 +291,8 @@ def test_every_formula_term_prints_text_and_latex(
 
 
 def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFixture[str]) -> None:
-    from vrammath.activations import activation_exprs, korthikanti_layer_bytes
+    from vrammath.activations import activation_exprs
+    from vrammath.korthikanti import korthikanti_layer_bytes
 
     exprs = formula(capsys, "activations")
     assert exprs["korthikanti layer, parallel tp, recompute selective"] == str(
@@ -320,7 +321,7 @@ def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFix
 
 
 def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
-    from vrammath.inference import kv_cache_expr
+    from vrammath.kv_cache import kv_cache_expr
     from vrammath.lora import lora_param_expr
 
     spec = load_model("llama-7b")

@@ -7,16 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vrammath.errors import InputError
-from vrammath.inference import (
-    Serve,
-    kv_bytes_per_token,
-    kv_cache_bytes,
-    serve,
-    serving_weight_bytes,
-)
+from vrammath.inference import Serve, serve
+from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from vrammath.model import from_hf_config
 from vrammath.params import param_count
 from vrammath.presets import gpu, load_model
+from vrammath.serving_weights import serving_weight_bytes
 
 KiB = 1024
 

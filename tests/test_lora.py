@@ -262,7 +262,7 @@ def test_measured_lora_rows_match() -> None:
 
 
 def test_measured_kv_rows_match() -> None:
-    from vrammath.inference import kv_cache_bytes
+    from vrammath.kv_cache import kv_cache_bytes
 
     for row in _measured()["kv"]:  # type: ignore[attr-defined]
         cfg = dict(row["config_dict"])

@@ -11,12 +11,7 @@ import sympy
 
 import vrammath as vm
 from vrammath.errors import InputError
-from vrammath.inference import (
-    kv_bytes_per_token,
-    kv_cache_bytes,
-    mla_kv_elements,
-    serving_weight_bytes,
-)
+from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, mla_kv_elements
 from vrammath.model import from_hf_config
 from vrammath.moe import (
     active_param_count,
@@ -27,6 +22,7 @@ from vrammath.moe import (
 )
 from vrammath.params import layer_param_count, param_counts, rank_param_count, size_values
 from vrammath.presets import load_model
+from vrammath.serving_weights import serving_weight_bytes
 from vrammath.setup import Setup
 from vrammath.states import model_state_bytes
 from vrammath.symbols import N_d, P, P_e, n_ep
@@ -224,7 +220,8 @@ def test_training_estimate_of_moe_is_refused_in_one_line() -> None:
 
 
 def test_moe_activations_compose_and_refuse_what_is_not_derived() -> None:
-    from vrammath.activations import hf_activation_bytes, hf_layer_terms
+    from vrammath.activations import hf_activation_bytes
+    from vrammath.layer_terms import hf_layer_terms
     from vrammath.moe import moe_mlp_kept_exprs
     from vrammath.symbols import L, L_e
 

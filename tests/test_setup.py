@@ -121,7 +121,7 @@ def test_warnings() -> None:
 
 
 def test_api_mistakes_are_input_errors() -> None:
-    from vrammath.inference import kv_cache_bytes
+    from vrammath.kv_cache import kv_cache_bytes
     from vrammath.presets import gpu
 
     with pytest.raises(InputError, match="^gpu: must be one of"):

@@ -18,7 +18,8 @@ from vrammath.presets import load_model, raw_config
 from vrammath.setup import Setup, with_changes
 from vrammath.states import model_state_exprs
 from vrammath.symbols import N_d, P
-from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, TERMS_BY_KEY
+from vrammath.term_context import GROUPS, STATE_GROUPS
+from vrammath.terms import TERMS, TERMS_BY_KEY
 
 GOLDEN: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parent / "data" / "golden.json").read_text()

@@ -5,9 +5,12 @@ the module that owns it, evaluated for real models read from Hugging Face ``conf
 (:mod:`vrammath.presets`), and checked against memory PyTorch itself counts (``vrammath.measure``,
 an optional extra).
 
-Scope: dense decoder-only transformers of the LLaMA family (llama, mistral, qwen2) and of the GPT-2
-family; mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam, Adafactor; ZeRO 0-3 / FSDP with CPU
-offload. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
+Scope: decoder-only transformers read from their config.json by one reader per ``model_type``
+(:data:`vrammath.readers.READERS`: LLaMA, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo-2, StarCoder2,
+GPT-2, GPT-NeoX, and the mixture-of-experts Mixtral, Qwen2/3-MoE and DeepSeek-V3, whose training
+activations are refused until derived); mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam,
+Adafactor; ZeRO 0-3 / FSDP with CPU offload; tensor, sequence, pipeline and expert parallelism;
+LoRA/QLoRA; serving with the KV cache. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 
 >>> import vrammath
 >>> est = vrammath.estimate(vrammath.Setup(vrammath.load_model("llama-7b"), zero=3, gpus=8))
@@ -22,28 +25,23 @@ from vrammath.activations import (
     activation_exprs,
     hf_activation_bytes,
     hf_activation_terms,
-    hf_layer_bytes,
-    hf_layer_terms,
     hf_logits_loss_terms,
-    korthikanti_first_stage_bytes,
-    korthikanti_interleave_factor,
-    korthikanti_layer_bytes,
-    korthikanti_layer_terms,
 )
 from vrammath.budget import DEFAULT_RESERVE_BYTES, Budget, budget, exact_bytes
 from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, estimate
 from vrammath.fit import Fit, fewest_gpus, fit, largest_micro_batch, longest_sequence
-from vrammath.inference import (
-    Serve,
-    kv_bytes_per_token,
-    kv_cache_bytes,
-    kv_cache_expr,
-    serve,
-    serving_weight_bytes,
-)
+from vrammath.inference import Serve, serve
 from vrammath.inverse import Solution, largest, smallest
+from vrammath.korthikanti import (
+    korthikanti_first_stage_bytes,
+    korthikanti_interleave_factor,
+    korthikanti_layer_bytes,
+    korthikanti_layer_terms,
+)
+from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
+from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
 from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
 from vrammath.model import ModelSpec, from_hf_config
 from vrammath.parallel import (
@@ -74,6 +72,7 @@ from vrammath.presets import (
     raw_config,
 )
 from vrammath.quant import NF4_BLOCK, NF4_DQ_BLOCK, frozen_base_exprs, nf4_published_bits_per_param
+from vrammath.serving_weights import serving_weight_bytes
 from vrammath.setup import Setup
 from vrammath.states import (
     BNB_BLOCK,
@@ -103,6 +102,7 @@ __all__ = [
     "BNB_MIN_8BIT_SIZE",
     "COMPONENTS",
     "DEFAULT_RESERVE_BYTES",
+    "FORMULAS",
     "FSDP_STRATEGIES",
     "GB",
     "NF4_BLOCK",
@@ -133,6 +133,7 @@ __all__ = [
     "fmt_bytes",
     "fmt_gb",
     "fmt_gib",
+    "formula_exprs",
     "from_hf_config",
     "frozen_base_exprs",
     "gpu",

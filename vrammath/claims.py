@@ -127,7 +127,8 @@ def qlora_65b_claims(batch: int = 1, seq: int = 512, rank: int = 64) -> tuple[Cl
     >>> round(full.bytes / 1e9, 1), round(q.bytes / 1e9, 1), q.bytes < 48e9
     (783.4, 45.5, True)
     """
-    from vrammath.activations import hf_activation_bytes, hf_layer_bytes
+    from vrammath.activations import hf_activation_bytes
+    from vrammath.layer_terms import hf_layer_bytes
     from vrammath.presets import load_model
 
     spec = load_model("llama-65b")

@@ -25,33 +25,21 @@ from typing import Any, NoReturn
 
 import sympy
 
-from vrammath.activations import (
-    activation_exprs,
-    hf_layer_bytes,
-    hf_logits_loss_terms,
-    korthikanti_first_stage_bytes,
-    korthikanti_layer_bytes,
-)
 from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.fields import Option, options
 from vrammath.fit import fit
-from vrammath.inference import Serve, ServeEstimate, kv_cache_expr, serve, serve_warnings
+from vrammath.formulas import FORMULAS, formula_exprs
+from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
 from vrammath.lora import (
     lora_param_count,
-    lora_param_expr,
-    lora_state_exprs,
-    lora_step_temp_expr,
     lora_targets,
 )
-from vrammath.model import ModelSpec
-from vrammath.parallel import zero_communication_elements, zero_paper_bytes, zero_stage
-from vrammath.params import param_count, param_exprs, param_total_expr, size_values
+from vrammath.parallel import zero_stage
+from vrammath.params import param_count, size_values
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
-from vrammath.quant import frozen_base_exprs
 from vrammath.setup import Setup, setup_warnings
-from vrammath.states import model_state_exprs, optimizer_step_temp_expr
 from vrammath.symbols import P
 from vrammath.units import fmt_bytes, fmt_gb, fmt_gib
 from vrammath.vocab import (
@@ -59,28 +47,10 @@ from vrammath.vocab import (
     HF_RECOMPUTES,
     IMPLEMENTATIONS,
     OPTIMIZERS,
-    PARALLELS,
-    PRECISION_OF,
     QUANTS,
     RECIPE_NAMES,
-    RECOMPUTES,
-    SCHEDULES,
-    check,
 )
 
-FORMULAS = (
-    "params",
-    "states",
-    "zero",
-    "communication",
-    "activations",
-    "logits",
-    "temporaries",
-    "phases",
-    "lora",
-    "qlora",
-    "kv",
-)
 #: the model whose structure shapes a formula when ``--model`` is not given (sizes stay symbols)
 FORMULA_MODEL = "llama-7b"
 
@@ -380,80 +350,19 @@ def _cmd_fit(args: argparse.Namespace) -> Result:
     return "\n".join(answer.lines()), data
 
 
-def _formula_exprs(args: argparse.Namespace, spec: ModelSpec) -> dict[str, sympy.Expr]:
-    term, recipe, optimizer, impl = args.term, args.recipe, args.optimizer, args.impl
-    precision = PRECISION_OF[check("recipe", recipe, RECIPE_NAMES)]
-    hf_terms = ("activations", "logits", "phases")
-    if term in hf_terms and spec.model_type == "gpt2" and precision.startswith("autocast"):
-        raise InputError("recipe", "autocast is not derived for GPT-2's activations", recipe)
-    if term == "params":
-        return {**param_exprs(spec), "total": param_total_expr(spec)}
-    if term == "states":
-        return model_state_exprs(spec, recipe, optimizer)
-    if term == "zero":
-        return {f"zero-{args.stage} bytes per GPU (ZeRO paper)": zero_paper_bytes(args.stage)}
-    if term == "communication":
-        return {f"zero-{args.stage} elements communicated": zero_communication_elements(args.stage)}
-    if term == "activations":
-        out: dict[str, sympy.Expr] = {}
-        for parallel in PARALLELS:
-            for recompute in RECOMPUTES:
-                out[f"korthikanti layer, parallel {parallel}, recompute {recompute}"] = (
-                    korthikanti_layer_bytes(parallel, recompute)
-                )
-        for schedule in SCHEDULES:
-            out[f"korthikanti first pipeline stage, tp_sp, {schedule}"] = (
-                korthikanti_first_stage_bytes("tp_sp", "none", schedule=schedule)
-            )
-        out[f"hf layer ({spec.model_type}, {args.attention}, {precision})"] = hf_layer_bytes(
-            spec, args.attention, precision
-        )
-        for recompute in HF_RECOMPUTES:
-            exprs = activation_exprs(spec, args.attention, precision, recompute)
-            out[f"hf activations, all layers, recompute {recompute}"] = exprs["activations"]
-        return out
-    if term == "logits":
-        return hf_logits_loss_terms(spec, precision)
-    if term == "temporaries":
-        return {
-            f"optimizer step temporaries ({impl})": optimizer_step_temp_expr(
-                spec, recipe, optimizer, impl
-            )
-        }
-    if term == "phases":
-        setup = Setup(
-            spec,
-            recipe=recipe,
-            optimizer=optimizer,
-            implementation=impl,
-            zero=args.stage,
-            attention=args.attention,
-        )
-        return dict(estimate(setup).phase_exprs)
-    if term == "lora":
-        targets = args.lora_targets
-        states = lora_state_exprs(spec, 1, targets, recipe, optimizer)  # in r, not the 1
-        return {
-            "trainable parameters": lora_param_expr(spec, targets),
-            **{f"adapter {k}": v for k, v in states.items()},
-            f"adapter step temporaries ({impl})": lora_step_temp_expr(
-                spec, 1, targets, recipe, optimizer, impl
-            ),
-        }
-    if term == "qlora":
-        return {
-            f"frozen base {k} ({args.quant})": v
-            for k, v in frozen_base_exprs(spec, args.quant).items()
-        }
-    return {
-        "KV cache": kv_cache_expr(spec),
-        "KV cache per GPU, tensor parallel, paged": kv_cache_expr(spec, tp=True, paged=True),
-    }
-
-
 def _cmd_formula(args: argparse.Namespace) -> Result:
     spec = resolve_model(args.model) if args.model is not None else load_model(FORMULA_MODEL)
-    exprs = _formula_exprs(args, spec)
+    exprs = formula_exprs(
+        args.term,
+        spec,
+        recipe=args.recipe,
+        optimizer=args.optimizer,
+        implementation=args.impl,
+        stage=args.stage,
+        attention=args.attention,
+        lora_targets=args.lora_targets,
+        quant=args.quant,
+    )
     if args.model is not None:
         sizes = {**size_values(spec), P: param_count(spec)}
         exprs = {k: v.subs(sizes) for k, v in exprs.items()}

@@ -32,10 +32,9 @@ from vrammath.presets import GPU, gpu
 from vrammath.setup import Setup
 from vrammath.states import state_values
 from vrammath.symbols import N_d, P, b, m, p, r, s, t
-from vrammath.terms import (
+from vrammath.term_context import (
     GROUPS,
     STATE_GROUPS,
-    TERMS,
     Context,
     Group,
     Term,
@@ -43,6 +42,7 @@ from vrammath.terms import (
     per_rank,
     text,
 )
+from vrammath.terms import TERMS
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,10 @@ class Estimate:
 
     @cached_property
     def _gpu_expr(self) -> sympy.Expr:
-        # sympy.Max of symbolic phases compares them symbolically: built once, on demand
+        # unevaluated: a symbolic Max compares the phases symbolically (slow, and decides nothing
+        # the numbers do not); solvers take it branch by branch, sweeps and evaluation exactly
         if self.phase_exprs:
-            return sympy.Max(*self.phase_exprs.values())
+            return sympy.Max(*self.phase_exprs.values(), evaluate=False)
         return sympy.Add(
             *(c.expr for c in self.components if c.device == "gpu" and c.expr is not None)
         )
@@ -284,7 +285,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     ==========
 
     setup : Setup
-    terms : tuple of vrammath.terms.Term
+    terms : tuple of vrammath.term_context.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
     _check_modelled(setup)

@@ -163,6 +163,16 @@ class Solution:
         return text + f") [{self.method}]"
 
 
+def _put(expr: sympy.Expr, mapping: dict[sympy.Basic, sympy.Basic]) -> sympy.Expr:
+    """``expr`` with ``mapping`` put in, every ``Max`` kept unevaluated while symbols remain (a
+    symbolic Max compares its branches symbolically, which is slow; numbers decide it exactly)."""
+    if isinstance(expr, sympy.Max):
+        return sympy.Max(*(_put(a, mapping) for a in expr.args), evaluate=False)
+    if expr.has(sympy.Max):
+        return expr.func(*(_put(a, mapping) for a in expr.args))
+    return expr.xreplace(mapping)
+
+
 class _Problem:
     """f(k) = sum of ceil(term(step * k)), for k = 1, 2, ... (the unknown is step * k)."""
 
@@ -175,7 +185,9 @@ class _Problem:
     ) -> None:
         others = {sym: v for sym, v in values.items() if sym != unknown}
         self.k = sympy.Symbol("k", positive=True, integer=True)
-        self.terms = tuple(term.subs(others).subs(unknown, step * self.k) for term in terms)
+        numbers: dict[sympy.Basic, sympy.Basic] = {s: sympy.Integer(v) for s, v in others.items()}
+        numbers[unknown] = step * self.k
+        self.terms = tuple(_put(term, numbers) for term in terms)
         self.step = step
         stray = set().union(*(term.free_symbols for term in self.terms)) - {self.k}
         if stray:
@@ -187,7 +199,8 @@ class _Problem:
 
     def at(self, k: int) -> int:
         if k not in self._cache:
-            self._cache[k] = sum(int(sympy.ceiling(term.subs(self.k, k))) for term in self.terms)
+            at_k = {self.k: sympy.Integer(k)}
+            self._cache[k] = sum(int(sympy.ceiling(term.xreplace(at_k))) for term in self.terms)
         return self._cache[k]
 
     def boundary_roots(self, limit: int, largest: bool = True) -> list[sympy.Expr] | None:
@@ -256,7 +269,7 @@ def _solution(
         bytes=None if k is None else prob.at(k),
         neighbour=None if neighbour_k is None else neighbour_k * step,
         neighbour_bytes=None if neighbour_k is None else prob.at(neighbour_k),
-        expr=prob.expr.subs(prob.k, unknown / step),
+        expr=_put(prob.expr, {prob.k: unknown / step}),
     )
 
 

@@ -98,7 +98,8 @@ def shard_model_states(
     """
     # The rows of vrammath.terms say which stage shards each state and which offload moves it;
     # imported here because vrammath.terms reaches this module through vrammath.setup.
-    from vrammath.terms import TERMS_BY_KEY, per_rank
+    from vrammath.term_context import per_rank
+    from vrammath.terms import TERMS_BY_KEY
 
     stage = zero_stage(stage)
     if offload_params and stage != 3:

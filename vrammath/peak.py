@@ -39,19 +39,16 @@ from typing import Literal
 
 import sympy
 
-from vrammath.activations import (
-    Attention,
-    HfRecompute,
-    Precision,
-    hf_activation_terms,
+from vrammath.activation_parts import Attention, HfRecompute, Precision
+from vrammath.activations import hf_activation_terms, hf_logits_loss_terms
+from vrammath.errors import one_of
+from vrammath.layer_peaks import (
     hf_checkpointed_backward_bytes,
     hf_checkpointed_forward_bytes,
     hf_last_layer_forward_bytes,
-    hf_layer_terms,
-    hf_logits_loss_terms,
     hf_top_layer_backward_bytes,
 )
-from vrammath.errors import one_of
+from vrammath.layer_terms import hf_layer_terms
 from vrammath.model import ModelSpec
 from vrammath.params import tensors
 from vrammath.symbols import L, P, V, a, b, h, s
@@ -67,7 +64,7 @@ LOSS_BYTES = 4
 
 @dataclass(frozen=True)
 class Groups:
-    """Per-GPU bytes of each phase group (see :data:`vrammath.terms.GROUPS`).
+    """Per-GPU bytes of each phase group (see :data:`vrammath.term_context.GROUPS`).
 
     ``weights`` is everything resident through the whole iteration except the optimizer states
     and the gradients (weights, master copy, quantization constants, adapters); ``optimizer``
@@ -152,8 +149,8 @@ def _checkpointed_peaks(
     layer_terms: dict[str, sympy.Expr],
 ) -> tuple[sympy.Expr | None, sympy.Expr | None]:
     """The forward and backward peaks inside a checkpointed layer, where they are derived op by
-    op (:func:`vrammath.activations.hf_checkpointed_forward_bytes` and
-    :func:`~vrammath.activations.hf_checkpointed_backward_bytes`); None where not.
+    op (:func:`vrammath.layer_peaks.hf_checkpointed_forward_bytes` and
+    :func:`~vrammath.layer_peaks.hf_checkpointed_backward_bytes`); None where not.
 
     ``kept`` is what forward left without the loss's buffers: every layer's checkpoint and
     what the layers share, plus what exists only after the last layer (the final norm's saved
@@ -176,11 +173,18 @@ def _checkpointed_peaks(
         return in_layer, None
     top, bottom = _gradient_shares(spec)
     layer = backward["layer"]
-    recomputing = sympy.Max(
+    recomputing = _peak(
         before + layer + gradients * top / P,
         before - (L - 1) * backward["checkpoint"] + layer + gradients * bottom / P,
     )
     return in_layer, recomputing
+
+
+def _peak(*candidates: sympy.Expr) -> sympy.Expr:
+    """The largest of the candidates, left unevaluated: sympy's Max would compare them
+    symbolically (a tenth of a second each, deciding nothing the numbers do not decide once they
+    go in); every evaluation puts numbers in and takes the maximum exactly."""
+    return sympy.Max(*candidates, evaluate=False)
 
 
 def _compute_bytes(precision: str) -> int:
@@ -214,15 +218,15 @@ def hf_phase_peaks(
       backward, but the cache lives until the autocast region exits): + L times the layer's casts.
       With eager attention the peak may instead be at the last layer's softmax, before the final
       norm and the head exist: with full recomputation
-      (:func:`~vrammath.activations.hf_checkpointed_forward_bytes`, the layer saves nothing),
-      without it (:func:`~vrammath.activations.hf_last_layer_forward_bytes`).
+      (:func:`~vrammath.layer_peaks.hf_checkpointed_forward_bytes`, the layer saves nothing),
+      without it (:func:`~vrammath.layer_peaks.hf_last_layer_forward_bytes`).
     * ``backward_peak`` = the larger of the start of backward, W + O + A + 8sbV (the gradients of
       the log-softmax output and input), and its end, W + O + G + the embedding's gradient
       transient (a CPU accumulates a 16-bit embedding gradient in fp32, 4Vh; CUDA does not) + R,
       or a layer's attention backward: with eager attention and full recomputation the top or
-      the bottom layer recomputed (:func:`~vrammath.activations.hf_checkpointed_backward_bytes`),
+      the bottom layer recomputed (:func:`~vrammath.layer_peaks.hf_checkpointed_backward_bytes`),
       without recomputation the top layer
-      (:func:`~vrammath.activations.hf_top_layer_backward_bytes`), each with the weight
+      (:func:`~vrammath.layer_peaks.hf_top_layer_backward_bytes`), each with the weight
       gradients made by then as their share of G; elsewhere one layer's activations recomputed
       and the softmax backward's score-sized tensors; each + F.
     * With ``groups.outputs`` (the loop keeps the model output) every phase adds it
@@ -310,8 +314,8 @@ def hf_phase_peaks(
         recomputing = exact[1] if exact[1] is not None else recomputing
     phases = {
         "forward_end": fwd_end,
-        "forward_peak": sympy.Max(*forward_candidates, in_layer) + gathered,
-        "backward_peak": sympy.Max(
+        "forward_peak": _peak(*forward_candidates, in_layer) + gathered,
+        "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
             recomputing + gathered,
             W + O_before + G + embed_temp + gathered + reduce_buffer,

@@ -58,7 +58,7 @@ from vrammath.vocab import (
     check,
 )
 
-#: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.terms.per_rank`).
+#: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.term_context.per_rank`).
 Shard = Literal["flat", "dim0"]
 SHARDS: tuple[Shard, ...] = ("flat", "dim0")
 

@@ -1,6 +1,6 @@
 """The table of memory terms: every term of a training setup is one row.
 
-A row (:class:`Term`) says what a term is -- key, label, device, the function that builds its
+A row (:class:`~vrammath.term_context.Term`) says what a term is -- key, label, device, the function that builds its
 whole-model expression, the ZeRO stage from which it is sharded over ``N_d``, the offload that
 moves it off the GPU, its phase group and when it is live -- and nothing about how terms combine.
 :func:`vrammath.estimate.estimate` is the one composition: it builds every row of
@@ -22,7 +22,7 @@ Examples
 
 .. rubric:: How to add a term
 
-Write its builder (a function of a :class:`Context`, returning the whole-model bytes as a sympy
+Write its builder (a function of a :class:`~vrammath.term_context.Context`, returning the whole-model bytes as a sympy
 expression in the symbols of :mod:`vrammath.symbols`, or ``None`` where the term does not
 exist), give it a row, and append the row to the table -- :data:`TERMS` in this module for a term
 every estimate should have, or a table of your own passed to ``estimate(..., terms=...)``. Its
@@ -56,235 +56,31 @@ sympy's order with the source of the formula, and, for a term the default table 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Literal
-
 import sympy
 
-from vrammath.activations import (
-    Attention,
-    HfRecompute,
-    Parallel,
-    Precision,
-    activation_exprs,
-    korthikanti_first_stage_bytes,
+from vrammath.activation_parts import Parallel
+from vrammath.korthikanti import korthikanti_first_stage_bytes
+from vrammath.lora import lora_activation_layer_expr, lora_step_temp_expr
+from vrammath.params import layer_param_expr
+from vrammath.peak import LOSS_BYTES
+from vrammath.quant import dequant_buffer_expr
+from vrammath.states import optimizer_step_temp_expr
+from vrammath.symbols import L, P, V, b, s
+from vrammath.term_context import (
+    CPU_ADAM_GRAD_BYTES,
+    GROUPS,
+    STATE_GROUPS,
+    Builder,
+    Context,
+    Device,
+    Group,
+    Live,
+    Offload,
+    Term,
+    dim0_shard_params,
+    per_rank,
+    text,
 )
-from vrammath.lora import lora_activation_layer_expr, lora_state_exprs, lora_step_temp_expr
-from vrammath.model import ModelSpec
-from vrammath.params import layer_param_expr, tensors
-from vrammath.peak import LOSS_BYTES, Iteration
-from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
-from vrammath.setup import PRECISION_OF, Setup
-from vrammath.states import Recipe, model_state_exprs, optimizer_step_temp_expr, recipe
-from vrammath.symbols import L, N_d, P, V, b, s
-
-Device = Literal["gpu", "cpu"]
-Group = Literal[
-    "weights", "optimizer", "gradients", "activations", "temporaries", "in-flight", "outputs"
-]
-Live = Literal["resident", "forward+backward", "backward", "backward+step", "step"]
-Offload = Literal["params", "optimizer"]
-
-#: The phase groups, in the order the phase models take them (:class:`vrammath.peak.Groups`).
-GROUPS: tuple[Group, ...] = (
-    "weights",
-    "optimizer",
-    "gradients",
-    "activations",
-    "temporaries",
-    "in-flight",
-    "outputs",
-)
-#: The groups that are model states (what ``Estimate.model_state_bytes`` sums).
-STATE_GROUPS: tuple[Group, ...] = ("weights", "optimizer", "gradients")
-
-#: CPU Adam keeps an fp32 copy of its gradient partition (ZeRO-Offload).
-CPU_ADAM_GRAD_BYTES = 4
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a builder reads: the setup, and its choices narrowed to the formulas' types."""
-
-    setup: Setup
-
-    @property
-    def precision(self) -> Precision:
-        """The dtype the forward runs in (``vrammath.setup.PRECISION_OF`` of the recipe)."""
-        return PRECISION_OF[self.setup.recipe]
-
-    @property
-    def attention(self) -> Attention:
-        """The attention kernel."""
-        return self.setup.attention
-
-    @property
-    def hf_recompute(self) -> HfRecompute:
-        """Recomputation as transformers runs it (full checkpointing or none)."""
-        return "full" if self.setup.recompute == "full" else "none"
-
-    @property
-    def device(self) -> Literal["cuda", "cpu"]:
-        """Where the kernels run."""
-        return self.setup.device
-
-    @property
-    def iteration(self) -> Iteration:
-        """Steady state or the first iteration."""
-        return self.setup.iteration
-
-    @property
-    def recipe(self) -> Recipe:
-        """The precision recipe."""
-        return recipe(self.setup.recipe)
-
-    @property
-    def lora(self) -> bool:
-        """Whether the base is frozen and LoRA adapters train."""
-        return self.setup.lora_rank is not None
-
-    @cached_property
-    def model_states(self) -> dict[str, sympy.Expr]:
-        """The whole model's states (:func:`vrammath.states.model_state_exprs`)."""
-        s = self.setup
-        return model_state_exprs(s.model, s.recipe, s.optimizer)
-
-    @cached_property
-    def frozen_base(self) -> dict[str, sympy.Expr]:
-        """The frozen base under LoRA (:func:`vrammath.quant.frozen_base_exprs`)."""
-        quant = self.setup.quant
-        return frozen_base_exprs(self.setup.model, quant, self.base_bytes)
-
-    @property
-    def base_bytes(self) -> int:
-        """Bytes per element of the frozen base's unquantized parts."""
-        return 2 if self.setup.quant is not None else self.recipe.weights
-
-    @cached_property
-    def adapter_states(self) -> dict[str, sympy.Expr]:
-        """The adapters' states, fp32 as peft makes them (:func:`vrammath.lora.lora_state_exprs`)."""
-        s = self.setup
-        assert s.lora_rank is not None
-        return lora_state_exprs(
-            s.model, s.lora_rank, s.lora_targets, s.recipe, s.optimizer, adapter_dtype="fp32"
-        )
-
-    @cached_property
-    def hf_activations(self) -> dict[str, sympy.Expr]:
-        """HF-exact activations and logits/loss (:func:`vrammath.activations.activation_exprs`)."""
-        return activation_exprs(
-            self.setup.model,
-            self.attention,
-            self.precision,
-            self.hf_recompute,
-            device=self.device,
-        )
-
-
-Builder = Callable[[Context], sympy.Expr | None]
-Text = str | Callable[[Context], str]
-
-
-@dataclass(frozen=True)
-class Term:
-    """One memory term: a row of :data:`TERMS`.
-
-    Parameters
-    ==========
-
-    key : str
-        Stable name (the component's key in an estimate and in JSON).
-    label, note : str or callable
-        What the table prints (text, or a function of the :class:`Context`).
-    device : str
-        ``"gpu"`` or ``"cpu"``.
-    builder : callable
-        A function of the :class:`Context` returning the whole-model (unsharded) bytes as a
-        sympy expression, or ``None`` where the term does not exist.
-    group : one of :data:`GROUPS`
-        Which total of :class:`vrammath.peak.Groups` the term enters.
-    live : str
-        ``"resident"``, ``"forward+backward"``, ``"backward"``, ``"backward+step"`` or ``"step"``:
-        when the term is alive in an iteration (documentation of the group's place in the
-        phase models, and of the rows that share a group but not a time, as ``reduce_buffer``).
-    sharded_from : int or None
-        The ZeRO stage from which the term is divided over ``N_d`` (None: never).
-    offload : str or None
-        ``"params"`` or ``"optimizer"``: a GPU term this offload moves to the host (it is 0 on the GPU once both offloaded and
-        sharded); a CPU term exists only under it.
-    listed : bool
-        Whether the estimate lists it as a component (False: a phase transient only).
-    """
-
-    key: str
-    label: Text
-    device: Device
-    builder: Builder
-    group: Group
-    live: Live
-    sharded_from: int | None = None
-    offload: Offload | None = None
-    note: Text = ""
-    listed: bool = True
-
-
-def per_rank(
-    term: Term,
-    expr: sympy.Expr,
-    *,
-    zero: int,
-    offloaded: bool,
-    dim0: sympy.Expr | None = None,
-) -> sympy.Expr:
-    """A row's whole-model ``expr`` on one rank: divided over ``N_d`` from the row's ZeRO stage,
-    and 0 on the GPU when its offload is on and it is sharded (each rank's shard streams to the
-    host, which keeps it: the row's CPU twin).
-
-    ``dim0`` is the parameter count of the fullest rank when each tensor is sharded on its dim 0
-    (FSDP2, :func:`dim0_shard_params`); a row proportional to ``P`` then holds that many
-    parameters' bytes instead of ``1/N_d`` of them.
-
-    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=False)
-    2*P/N_d
-    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=1, offloaded=True)
-    2*P
-    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=True)
-    0
-    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=3, offloaded=False, dim0=sympy.Symbol("Q"))
-    2*Q
-    """
-    sharded = term.sharded_from is not None and zero >= term.sharded_from
-    if sharded:
-        per_param = expr / P  # a number when the row is proportional to P
-        expr = per_param * dim0 if dim0 is not None and not per_param.free_symbols else expr / N_d
-    if term.device == "gpu" and sharded and offloaded:
-        return sympy.Integer(0)
-    return expr
-
-
-def dim0_shard_params(spec: ModelSpec) -> sympy.Expr:
-    """Parameters on the fullest rank when every tensor is sharded on its dim 0, as FSDP2's
-    ``fully_shard`` does: ``ceil(dim0 / N_d)`` rows per rank, rank 0 the fullest (the padding
-    is on the last ranks).
-
-    >>> from vrammath.presets import load_model
-    >>> from vrammath.states import state_values
-    >>> spec = load_model("llama-7b")
-    >>> values = {**state_values(spec), N_d: 7}
-    >>> int(dim0_shard_params(spec).subs(values)) - int(sympy.ceiling(P.subs(values) / 7))
-    868407
-    """
-    return sympy.Add(
-        *(t.count * sympy.ceiling(t.shape[0] / N_d) * t.numel / t.shape[0] for t in tensors(spec))
-    )
-
-
-def text(value: Text, ctx: Context) -> str:
-    """A label or note, evaluated for ``ctx``."""
-    return value if isinstance(value, str) else value(ctx)
-
 
 # --- full fine-tuning: the model's own states ---------------------------------------------------
 

@@ -14,12 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.activations import (  # noqa: E402
-    Attention,
-    HfRecompute,
-    Precision,
-    hf_activation_bytes,
-)
+from vrammath.activation_parts import Attention, HfRecompute, Precision  # noqa: E402
+from vrammath.activations import hf_activation_bytes  # noqa: E402
 from vrammath.lora import lora_param_count  # noqa: E402
 from vrammath.measure import measure_training_step  # noqa: E402
 from vrammath.measure.build import build_model  # noqa: E402
@@ -207,7 +203,7 @@ def test_lora_targets_match_peft(name: str, targets: str) -> None:
 @pytest.mark.parametrize("name", ["phi3-gqa", "qwen3-mqa-tied", "olmo2-gqa", "starcoder2-gqa"])
 def test_kv_cache_matches_dynamic_cache(name: str) -> None:
     """transformers' DynamicCache after a 37-token prefill: 2 L a_kv d tokens bytes."""
-    from vrammath.inference import kv_bytes_per_token
+    from vrammath.kv_cache import kv_bytes_per_token
     from vrammath.measure.build import hf_config
     from vrammath.measure.build_decoders import decoder_class
 

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vrammath.inference import kv_cache_bytes
+from vrammath.kv_cache import kv_cache_bytes
 from vrammath.lora import lora_activation_layer_expr, lora_param_count
 from vrammath.measure.lora import (
     KV_CONFIGS,

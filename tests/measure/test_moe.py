@@ -3,7 +3,7 @@
 * parameter counts equal ``sum(p.numel() for p in model.parameters())`` on the meta device, for
   every MoE preset (DeepSeek-V3 included);
 * DeepSeek-V3's cache holds the compressed latent and the RoPE key (``kv_lora_rank +
-  qk_rope_head_dim`` elements per token and layer), as :func:`vrammath.inference.kv_cache_bytes`;
+  qk_rope_head_dim`` elements per token and layer), as :func:`vrammath.kv_cache.kv_cache_bytes`;
 * the memory a training forward keeps does not depend on how tokens are routed (MemTracker on
   real bf16 tensors, two router initialisations and correction biases, the routing checked to
   differ), for transformers' grouped-matmul experts and for its per-expert loop.
@@ -25,7 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vrammath.inference import kv_cache_bytes  # noqa: E402
+from vrammath.kv_cache import kv_cache_bytes  # noqa: E402
 from vrammath.model import from_hf_config  # noqa: E402
 from vrammath.params import param_count  # noqa: E402
 from vrammath.presets import load_model  # noqa: E402

@@ -1,7 +1,7 @@
 """transformers configs and model classes of the newer decoders (Qwen3, OLMo-2, Phi-3, StarCoder2).
 
 :mod:`vrammath.measure.build` asks here for the model types of
-:mod:`vrammath.readers_decoders`; torch and transformers are imported inside the functions.
+:mod:`vrammath.readers.decoders`; torch and transformers are imported inside the functions.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Explanation
 ===========
 
-Each is a :class:`~vrammath.readers.Reader` built on the LLaMA-style parts of
-:mod:`vrammath.readers`, with what sets it apart:
+Each is a :class:`~vrammath.readers.keys.Reader` built on the LLaMA-style parts of
+:mod:`vrammath.readers.llama`, with what sets it apart:
 
 * ``qwen3`` -- an RMSNorm over each query and key head before RoPE (``qk_norm="head"``),
   ``head_dim`` 128 unless the config says otherwise (transformers' default, not h / a);
@@ -38,16 +38,11 @@ vrammath.errors.InputError: resid_pdrop: must be 0.0 (dropout is not modelled fo
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from vrammath.errors import InputError, one_of
 from vrammath.model import MLP, Attention, Embeddings, Norms
-
-if TYPE_CHECKING:
-    from vrammath.readers import Keys, Parts, Reader
-
-# vrammath.readers imports this module to build its registry, so what it needs from there is
-# imported when a reader runs (or is built), never when this module loads.
+from vrammath.readers.keys import Keys, Parts, Reader, _head_dim, _kv_heads
+from vrammath.readers.llama import _DECODER_HARMLESS, _DECODER_KEYS, _decoder_parts
 
 
 def _no_dropout(k: Keys, key: str, model_type: str) -> None:
@@ -68,8 +63,6 @@ def _window(k: Keys) -> int | None:
 
 
 def _qwen3(k: Keys) -> Parts:
-    from vrammath.readers import _decoder_parts
-
     if k.flag("use_sliding_window", False):
         raise InputError(
             "use_sliding_window", "must be false (qwen3 sliding windows are not modelled)", got=True
@@ -95,8 +88,6 @@ def _qwen3(k: Keys) -> Parts:
 
 
 def _olmo2(k: Keys) -> Parts:
-    from vrammath.readers import _decoder_parts
-
     bias = k.flag("attention_bias", False)
     layers, embeddings, attention, mlp, _ = _decoder_parts(
         k, qkv_bias=bias, o_bias=bias, mlp_bias=False, window=None, window_layers=0
@@ -112,8 +103,6 @@ def _olmo2(k: Keys) -> Parts:
 
 
 def _phi3(k: Keys) -> Parts:
-    from vrammath.readers import _decoder_parts
-
     for key in ("resid_pdrop", "embd_pdrop"):
         _no_dropout(k, key, "phi3")
     k.off("attention_bias", False, "must be false (Phi3ForCausalLM has no biases)")
@@ -143,8 +132,6 @@ def _phi3(k: Keys) -> Parts:
 
 
 def _starcoder2(k: Keys) -> Parts:
-    from vrammath.readers import _head_dim, _kv_heads
-
     hidden = k.size("hidden_size")
     heads = k.size("num_attention_heads")
     activation = k.raw("hidden_act", "gelu_pytorch_tanh")
@@ -193,8 +180,6 @@ def decoder_readers() -> tuple[Reader, ...]:
     >>> [r.model_type for r in decoder_readers()]
     ['qwen3', 'olmo2', 'phi3', 'starcoder2']
     """
-    from vrammath.readers import _DECODER_HARMLESS, _DECODER_KEYS, Reader
-
     qwen3 = Reader(
         "qwen3",
         keys={

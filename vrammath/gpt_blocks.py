@@ -1,0 +1,205 @@
+"""Activation bytes of the GPT blocks: GPT-2's and GPT-NeoX's layers as transformers runs them.
+
+GPT-2 (LayerNorm, fused ``Conv1D`` QKV, a GeLU MLP, dropout everywhere) and GPT-NeoX (Pythia:
+LayerNorm with bias, RoPE on part of each head, a plain GeLU MLP), tensor group by tensor group,
+and the tensors each GeLU variant keeps (:data:`GELU_KEPT`). :func:`vrammath.layer_terms.hf_layer_terms`
+passes these architectures on to them.
+
+Examples
+========
+
+>>> GELU_KEPT["gelu_new"]
+4
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import sympy
+
+from vrammath.activation_parts import (
+    ATTENTIONS,
+    DEVICES,
+    Attention,
+    Precision,
+    _check,
+    _dropout_mask_bytes,
+    _norm_kept,
+    _precision,
+)
+from vrammath.errors import InputError
+from vrammath.model import ModelSpec
+from vrammath.symbols import I, a, b, h, s
+
+GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 7}
+"""I-sized tensors each GeLU variant of transformers keeps for backward (besides its output).
+
+``gelu`` and ``gelu_pytorch_tanh`` are single PyTorch ops that keep their input; ``gelu_new`` (GPT-2's
+config) is written in Python, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, and autograd keeps
+x, the tanh output, 0.5x and 1 + tanh (measured); ``gelu_fast``,
+``0.5 x (1 + tanh(0.79788456 x (1 + 0.044715 x x)))``, keeps x, 0.044715x, 0.79788456x, the
+inner sum, the tanh output, 0.5x and 1 + tanh (measured with GPT-NeoX).
+"""
+
+
+def gpt2_layer_terms(
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    gelu: str | None = None,
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr]:
+    """Bytes one ``GPT2Block`` of transformers keeps for backward, per tensor group.
+
+    Explanation
+    ===========
+
+    transformers' GPT-2 block: LayerNorm, a fused ``c_attn`` producing Q, K, V, attention with
+    dropout on the probabilities, ``c_proj`` and a residual dropout, LayerNorm, a GeLU MLP
+    (``c_fc``, ``c_proj``) and dropout. With c the compute bytes, M the bytes of a dropout mask
+    and S those of a LayerNorm statistic:
+
+    * ``norms`` -- each LayerNorm keeps its input (c sbh), its mean and inverse std (S bs each).
+    * ``inputs`` -- the inputs of ``c_attn`` and ``c_fc`` (the norms' outputs, c sbh each).
+    * ``qkv`` -- Q, K, V: 3c sbh (contiguous copies ``matmul`` makes of the head views).
+    * ``scores`` -- eager: the softmax output, the dropout mask and the dropped-out probabilities,
+      (2c + M) as^2b; SDPA (flash, CUDA): the log-sum-exp, 4asb.
+    * ``output`` -- the merged heads (``c_proj``'s input, c sbh) and the residual dropout mask.
+    * ``mlp`` -- the GeLU's kept tensors (:data:`GELU_KEPT`), its output (``c_proj``'s input) and
+      the dropout mask: (k + 1) c sbI + M sbh.
+
+    On CUDA dropout is the fused ``native_dropout`` and keeps a bool mask (M = 1), and LayerNorm's
+    statistics are fp32 (S = 4). On a CPU dropout multiplies by a noise tensor of the input's dtype
+    (M = c) and LayerNorm keeps its statistics in the input's dtype (S = c); ``device="cpu"`` gives
+    what the CPU measurement sees. With ``gelu_pytorch_tanh`` (k = 1), c = 2 and M = 1 this is
+    Korthikanti et al.'s 34sbh + 5as^2b plus the LayerNorm statistics (16bs).
+
+    Examples
+    ========
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.korthikanti import korthikanti_layer_bytes
+    >>> from vrammath.symbols import I, h
+    >>> layer = sum(gpt2_layer_terms(load_model("gpt2"), gelu="gelu_pytorch_tanh").values())
+    >>> layer.subs(I, 4 * h) - korthikanti_layer_bytes()
+    16*b*s
+
+    Parameters
+    ==========
+
+    spec : ModelSpec
+        A GPT-2 model (LayerNorm, plain GeLU MLP, dropout on).
+    attention : "eager" or "sdpa"
+    precision : "fp32", "bf16" or "fp16" (autocast is not derived for GPT-2)
+    gelu : one of :data:`GELU_KEPT`, optional
+        Overrides the spec's ``mlp.activation`` (the config's ``activation_function``).
+    device : "cuda" or "cpu"
+        Whose dropout and LayerNorm kernels (see above).
+
+    See Also
+    ========
+
+    vrammath.layer_terms.hf_layer_terms, vrammath.korthikanti.korthikanti_layer_terms
+    """
+    _check("attention", attention, ATTENTIONS)
+    _check("precision", precision, ("fp32", "bf16", "fp16"))
+    gelu = spec.mlp.activation if gelu is None else gelu
+    _check("gelu", gelu, tuple(GELU_KEPT))
+    _check("device", device, DEVICES)
+    dropouts = (spec.attention.dropout, spec.attention.output_dropout, spec.mlp.dropout)
+    if not all(p > 0 for p in dropouts):
+        raise InputError(
+            "dropout",
+            "GPT-2's formula is derived with attention, residual and MLP dropout on",
+            got=dropouts,
+        )
+    if device == "cpu" and attention == "sdpa":
+        raise InputError(
+            "attention",
+            "sdpa with dropout runs PyTorch's fp32 math kernel on a CPU; only eager is derived there",
+            got=attention,
+        )
+    c, _ = _precision(precision)
+    M = _dropout_mask_bytes(c, device)
+    sb = s * b
+    scores = (2 * c + M) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    return {
+        "norms": 2 * _norm_kept(spec, precision, device),
+        "inputs": 2 * c * sb * h,
+        "qkv": 3 * c * sb * h,
+        "scores": sympy.expand(scores),
+        "output": c * sb * h + M * sb * h,
+        "mlp": (GELU_KEPT[gelu] + 1) * c * sb * I + M * sb * h,
+        "weight_casts": sympy.Integer(0),
+    }
+
+
+def neox_layer_terms(
+    spec: ModelSpec,
+    attention: Attention = "sdpa",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr]:
+    """Bytes one ``GPTNeoXLayer`` of transformers keeps for backward, per tensor group.
+
+    Explanation
+    ===========
+
+    GPT-NeoX (Pythia, GPT-NeoX-20B): LayerNorm with bias, one ``query_key_value`` projection,
+    RoPE on the first ``rotary_dim`` dimensions of each head, ``dense``, and a plain GeLU MLP
+    (``dense_h_to_4h``, ``dense_4h_to_h``); with ``use_parallel_residual`` both norms read the
+    same layer input. Dropout is 0 (the reader refuses more). With c the compute bytes and S the
+    bytes of a LayerNorm statistic (:func:`gpt2_layer_terms`):
+
+    * ``norms`` -- each LayerNorm keeps its input (c sbh) and two statistics (S bs each); with the
+      parallel residual both inputs are the same tensor, kept once.
+    * ``inputs`` -- the inputs of ``query_key_value`` and ``dense_h_to_4h``: 2c sbh.
+    * ``qkv`` -- Q and K after RoPE (the ``cat`` of rotated and passed dimensions, c sbh each)
+      and V; V is a view of the fused projection's output, so SDPA keeps that whole (b, s, 3h)
+      output (3c sbh) and one more c sbh (measured on a CPU), while eager attention's
+      ``matmul`` keeps a contiguous copy of V (c sbh).
+    * ``scores`` -- as LLaMA's: eager keeps the fp32 softmax output and its 16-bit cast; SDPA
+      the log-sum-exp, 4asb.
+    * ``output`` -- ``dense``'s input, c sbh.
+    * ``mlp`` -- the GeLU's kept tensors (:data:`GELU_KEPT`) and its output: (k + 1) c sbI.
+
+    Examples
+    ========
+
+    >>> from vrammath.model import from_hf_config
+    >>> spec = from_hf_config({"model_type": "gpt_neox", "hidden_size": 64,
+    ...     "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+    ...     "vocab_size": 100})
+    >>> neox_layer_terms(spec, "sdpa", "bf16")["qkv"]
+    12*b*h*s
+
+    References
+    ==========
+
+    .. [1] transformers ``models/gpt_neox/modeling_gpt_neox.py`` (v5).
+    """
+    _check("attention", attention, ATTENTIONS)
+    _check("precision", precision, ("fp32", "bf16", "fp16"))
+    _check("device", device, DEVICES)
+    c, _ = _precision(precision)
+    sb = s * b
+    norm = _norm_kept(spec, precision, device)
+    stats = norm - c * sb * h
+    norms = norm + stats if spec.norms.parallel_residual else 2 * norm
+    kept_v = 4 * c * sb * h if attention == "sdpa" else c * sb * h
+    scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    return {
+        "norms": sympy.expand(norms),
+        "inputs": 2 * c * sb * h,
+        "qkv": sympy.expand(2 * c * sb * h + kept_v),
+        "scores": sympy.expand(scores),
+        "output": c * sb * h,
+        "mlp": (GELU_KEPT[spec.mlp.activation] + 1) * c * sb * I,
+        "weight_casts": sympy.Integer(0),
+    }
+
+
+__all__ = ["GELU_KEPT", "gpt2_layer_terms", "neox_layer_terms"]

@@ -1,0 +1,249 @@
+"""Op-by-op peaks of one decoder layer: what is alive at its forward and backward peaks.
+
+Checkpointed layers (non-reentrant ``torch.utils.checkpoint``), the last layer's forward and the
+top layer's backward, measured op by op with ``MemTracker`` on transformers' decoder layers;
+:mod:`vrammath.peak` composes them into a step's peaks.
+
+Examples
+========
+
+>>> from vrammath.presets import load_model
+>>> hf_checkpointed_forward_bytes(load_model("llama-7b"), "sdpa") is None
+True
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import sympy
+
+from vrammath.activation_parts import (
+    Attention,
+    Precision,
+    _dropout_mask_bytes,
+    _norm_kept,
+    _precision,
+    _residual_bytes,
+)
+from vrammath.layer_terms import hf_layer_terms
+from vrammath.model import ModelSpec
+from vrammath.symbols import a, a_kv, b, d, h, s
+
+
+def hf_checkpointed_forward_bytes(
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> sympy.Expr | None:
+    """Bytes a checkpointed decoder layer holds at its forward peak, above what was alive when
+    it started (non-reentrant checkpointing, eager attention, LLaMA-style layers).
+
+    Explanation
+    ===========
+
+    Under ``torch.utils.checkpoint(use_reentrant=False)`` the forward of a layer keeps nothing
+    for backward: every saved tensor is dropped as it is packed. What is alive at the layer's
+    peak is what its Python frames still reference, op by op (measured with ``MemTracker`` on
+    transformers' ``LlamaDecoderLayer``). The peak is at the softmax of eager attention, with
+
+    * the first norm's output (the layer keeps it as ``hidden_states``), in the residual dtype;
+    * Q and K after RoPE (4 bytes under autocast: RoPE's fp32 cos/sin promote them; else c),
+      V (c), and, when a_kv < a, ``repeat_kv``'s copies of K and V (a d each) -- the originals
+      stay referenced by the caller;
+    * under autocast, the 16-bit copies of q/k/v_proj's weights (autocast's cache);
+    * eight bytes per score element (a s^2 b): the masked scores and the fp32 softmax output
+      (fp32 + fp32 under autocast, where the fp32 mask promotes the sum; 16-bit masked scores,
+      the fp32 softmax and its 16-bit cast in pure 16-bit; fp32 + fp32 in fp32).
+
+    A GPT-2 block (``GPT2Block``, dropout on) peaks at the attention dropout: the first
+    LayerNorm's output and the fused QKV (c sbh + 3c sbh), the softmax output, the dropout's
+    noise (CPU: c bytes per element; CUDA's fused kernel: a 1-byte mask) and its output -- while
+    ``GPT2Model.forward`` still holds the token and position embeddings it summed (c sbh +
+    c sh).
+
+    Returns ``None`` where it is not derived (SDPA).
+
+    >>> from vrammath.presets import load_model
+    >>> hf_checkpointed_forward_bytes(load_model("llama-7b"), "eager", "bf16")
+    2*a*b*d*s + 8*a*b*s**2 + 4*a_kv*b*d*s + 2*b*h*s
+    >>> hf_checkpointed_forward_bytes(load_model("gpt2"), "eager", "fp32", device="cpu")
+    12*a*b*s**2 + 20*b*h*s + 4*h*s
+    """
+    if attention != "eager":
+        return None
+    c, autocast = _precision(precision)
+    sb = s * b
+    if spec.norms.kind == "layernorm":
+        noise = _dropout_mask_bytes(c, device)
+        embeddings = c * sb * h + (c * s * h if spec.embeddings.learned_positions else 0)
+        return sympy.expand(embeddings + 4 * c * sb * h + (2 * c + noise) * a * s**2 * b)
+    if not spec.mlp.gated:
+        return None
+    cq = 4 if autocast else c  # Q and K after RoPE
+    norm_out = _residual_bytes(precision) * sb * h
+    qkv = cq * sb * d * (a + a_kv) + c * sb * a_kv * d
+    repeated = (cq + c) * sb * a * d if spec.attention.kv_heads < spec.attention.heads else 0
+    casts = 2 * (h * a * d + 2 * h * a_kv * d) if autocast else 0
+    return sympy.expand(norm_out + qkv + repeated + casts + 8 * a * s**2 * b)
+
+
+def hf_last_layer_forward_bytes(
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr] | None:
+    """The last decoder layer at its softmax without recomputation: what it has not kept yet
+    (``later``) and what is alive only then (``live``), for eager attention, LLaMA-style layers,
+    pure precision.
+
+    Explanation
+    ===========
+
+    Measured op by op (``MemTracker``, live tensors listed at the op). At the last layer's
+    softmax the layer has not yet made its MLP's tensors, its second norm's, the MLP's input,
+    ``o_proj``'s input or the scores it keeps (``later``: subtracted from forward's end). Alive
+    then and freed by forward's end (``live``):
+
+    * the additive (b, 1, s, s) mask and the (1, s) int64 position ids;
+    * in pure 16-bit, the layer's input (the ``residual``) and the token embeddings
+      (``inputs_embeds``, held by the model's frame): the RMSNorms keep fp32 copies, not these;
+    * K after RoPE and V before ``repeat_kv`` (the caller's references), when a_kv < a;
+    * the scores: the masked scores and the fp32 softmax output with its 16-bit cast (8 bytes
+      per element), or on a CPU the fp32 copy of 16-bit scores ``softmax(dtype=float32)``
+      makes before the kernel (10 bytes per element at the softmax).
+
+    Returns ``None`` where it is not derived (SDPA, autocast, GPT-2 blocks).
+
+    >>> from vrammath.presets import load_model
+    >>> sorted(hf_last_layer_forward_bytes(load_model("llama-7b"), "eager", "bf16"))
+    ['later', 'live']
+    """
+    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+        return None
+    c, autocast = _precision(precision)
+    if autocast:
+        return None
+    sb = s * b
+    terms = hf_layer_terms(spec, attention, precision, device=device)
+    later = terms["mlp"] + terms["norms"] / 2 + terms["output"] + terms["scores"] + c * sb * h
+    repeated = spec.attention.kv_heads < spec.attention.heads
+    originals = 2 * c * sb * a_kv * d if repeated else 0
+    own = 2 * c * sb * h if c == 2 else 0  # the residual and inputs_embeds
+    scores = (10 if device == "cpu" and c == 2 else 8) * a * s**2 * b
+    live = c * b * s**2 + 8 * s + own + originals + scores
+    return {"later": sympy.expand(later), "live": sympy.expand(live)}
+
+
+def hf_top_layer_backward_bytes(
+    spec: ModelSpec, attention: Attention = "eager", precision: Precision = "bf16"
+) -> dict[str, sympy.Expr] | None:
+    """The top decoder layer at its softmax backward without recomputation: what its backward
+    has freed by then (``freed``) and the gradients in flight (``in_flight``), for eager
+    attention, LLaMA-style layers, pure precision.
+
+    Explanation
+    ===========
+
+    Measured op by op (``MemTracker``, live tensors listed at the op). By the softmax backward
+    the layer's MLP, second norm and ``o_proj`` are back-propagated, freeing what they kept and
+    the MLP's input; ``bmm(probs, V)``'s backward has freed the repeated V and, in 16-bit, the
+    16-bit probabilities (in fp32 they are the kept softmax output itself). In flight: the
+    layer's incoming gradient (sbh), the attention output's gradient (sb a d), both in c bytes,
+    and eight bytes per score element (the probabilities' gradient in fp32 and the softmax
+    backward's fp32 output). The weight gradients made by then are the phase model's
+    (:func:`vrammath.peak.hf_phase_peaks`).
+
+    >>> from vrammath.presets import load_model
+    >>> sorted(hf_top_layer_backward_bytes(load_model("llama-7b"), "eager", "bf16"))
+    ['freed', 'in_flight']
+    """
+    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+        return None
+    c, autocast = _precision(precision)
+    if autocast:
+        return None
+    sb = s * b
+    terms = hf_layer_terms(spec, attention, precision)
+    probs = 2 * a * s**2 * b if c == 2 else 0
+    freed = terms["mlp"] + terms["norms"] / 2 + terms["output"] + c * sb * h + probs
+    freed += c * sb * a * d  # the repeated V
+    in_flight = c * sb * h + c * sb * a * d + 8 * a * s**2 * b
+    return {"freed": sympy.expand(freed), "in_flight": sympy.expand(in_flight)}
+
+
+def hf_checkpointed_backward_bytes(
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
+) -> dict[str, sympy.Expr] | None:
+    """Activation bytes a checkpointed decoder layer holds at its backward peak (``layer``),
+    above what was alive before its recomputation (its input, ``checkpoint``, included), for non-reentrant checkpointing, eager
+    attention and LLaMA-style layers. The weight gradients made by then are counted by the
+    phase model (:func:`vrammath.peak.hf_phase_peaks`).
+
+    Explanation
+    ===========
+
+    The layer is recomputed with saving, then back-propagated from the top: the MLP, the second
+    norm and ``o_proj`` are done (their saved tensors freed) and ``bmm(probs, V)``'s backward has
+    freed the 16-bit probabilities and V when the softmax backward runs -- the peak (measured op
+    by op with ``MemTracker``, the live tensors listed at that op). Alive from the recomputation:
+
+    * the first norm's saved tensors (:func:`_norm_kept`), less its fp32 input where the residual
+      stream is fp32 (fp32 and autocast: the upcast is a no-op and the input is the checkpoint);
+    * the q/k/v linears' inputs: one shared c sbh tensor, or under autocast three 16-bit casts;
+    * Q and the repeated K that ``Q K^T`` saves (c sb a d each, 16-bit under autocast);
+    * the fp32 softmax output (4 a s^2 b); under autocast the q/k/v weight casts;
+
+    and the gradients in flight: the layer's incoming gradient (residual dtype, sbh), the
+    attention output's gradient (c sb a d) and eight bytes per score element -- the
+    probabilities' gradient cast to fp32 and the softmax backward's fp32 output.
+
+    A GPT-2 block peaks earlier, at ``bmm(probs, V)``'s backward: its first LayerNorm's
+    statistics and output, the fused QKV, the softmax output, the dropout's noise and output are
+    alive, with the incoming gradient, the attention output's gradient and its contiguous copy
+    (c sbh each) and the gradient of the dropped-out probabilities (c a s^2 b).
+
+    Returns ``None`` where it is not derived (SDPA).
+
+    >>> from vrammath.presets import load_model
+    >>> hf_checkpointed_backward_bytes(load_model("llama-7b"), "eager", "fp32")
+    {'layer': 12*a*b*d*s + 12*a*b*s**2 + 12*b*h*s + 4*b*s, 'checkpoint': 4*b*h*s}
+    """
+    if attention != "eager":
+        return None
+    c, autocast = _precision(precision)
+    res = _residual_bytes(precision)
+    sb = s * b
+    if spec.norms.kind == "layernorm":
+        noise = _dropout_mask_bytes(c, device)
+        stats = _norm_kept(spec, precision, device) - c * sb * h  # its input is the checkpoint
+        recomputed = stats + c * sb * h + 3 * c * sb * h + (2 * c + noise) * a * s**2 * b
+        grads = res * sb * h + 2 * c * sb * h + c * a * s**2 * b
+        return {"layer": sympy.expand(recomputed + grads), "checkpoint": res * sb * h}
+    if not spec.mlp.gated:
+        return None
+    norm = _norm_kept(spec, precision, "cuda") - (4 * sb * h if res == 4 else 0)
+    inputs = 3 * 2 * sb * h if autocast else c * sb * h
+    qk = 2 * c * sb * a * d
+    casts = 2 * (h * a * d + 2 * h * a_kv * d) if autocast else 0
+    in_flight = res * sb * h + c * sb * a * d + 8 * a * s**2 * b
+    return {
+        "layer": sympy.expand(norm + inputs + qk + 4 * a * s**2 * b + casts + in_flight),
+        "checkpoint": res * sb * h,
+    }
+
+
+__all__ = [
+    "hf_checkpointed_backward_bytes",
+    "hf_checkpointed_forward_bytes",
+    "hf_last_layer_forward_bytes",
+    "hf_top_layer_backward_bytes",
+]
