@@ -37,7 +37,7 @@ from vrammath.peak import PHASES, Groups
 from vrammath.presets import load_gpus, load_model, model_names
 from vrammath.setup import Setup
 from vrammath.symbols import N_d, b, m, p, r, s, t
-from vrammath.terms import GROUPS, STATE_GROUPS, TERMS, TERMS_BY_KEY, Context, text
+from vrammath.terms import STATE_GROUPS, TERMS, TERMS_BY_KEY, Context, text
 from vrammath.vocab import (
     ACTIVATION_MODELS,
     ATTENTIONS,
@@ -63,12 +63,17 @@ RANK_REFUSAL = (
 )
 #: LoRA target sets the calculator offers (others: the CLI).
 TARGET_CHOICES = ("q,v", "q,k,v,o", "all-linear")
-#: The group totals' symbols, in the order of vrammath.peak.Groups.
-GROUP_SYMBOLS = sympy.symbols("W O G A T F R", real=True)
+#: The group totals' symbols, one per field of vrammath.peak.Groups, in its order.
+GROUP_SYMBOLS = sympy.symbols(
+    " ".join(f"G_{f.name}" for f in dataclasses.fields(Groups)), real=True
+)
 
 #: What each group symbol sums (vrammath.estimate._groups): the GPU rows of a group, all but
 #: those live only in backward; R is the in-flight rows live only in backward.
-GROUP_SUMS = (*((g, False) for g in GROUPS), ("in-flight", True))
+GROUP_SUMS = tuple(
+    ("in-flight", True) if f.name == "reduce" else (f.name.replace("_", "-"), False)
+    for f in dataclasses.fields(Groups)
+)
 #: The run's numbers, by symbol (vrammath.estimate._values); P comes from the presets' data.
 RUN_SYMBOLS = {
     N_d: "gpus",

@@ -444,7 +444,7 @@
     }
     // bars: each phase's peak, beside the group totals live in the iteration
     const top = Math.max(...Object.values(est.phases).map(Number), est.gpu ? Number(est.gpu.bytes) : 0, 1);
-    const names = { W: "weights", O: "optimizer", G: "gradients", A: "activations", T: "step temporaries", F: "in flight", R: "reduce buffer" };
+    const names = Object.fromEntries(D.groupSums.map(([sym]) => [sym, sym.replace(/^G_/, "").replace(/_/g, " ")]));
     for (const [name, bytes] of Object.entries(est.phases)) {
       const bar = el("div", { class: "vm-bar" + (name === est.totals.peak_phase ? " vm-peak" : "") });
       bar.style.width = (100 * Number(bytes) / top).toFixed(2) + "%";
