@@ -220,11 +220,11 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16", *, tp: int = 1) 
 
 
 __all__ = [
-    "KV_DTYPES",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_cache_expr",
     "kv_dtype_bytes",
     "kv_heads_per_gpu_expr",
     "kv_values",
+    "mla_kv_elements",
 ]
