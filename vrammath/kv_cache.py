@@ -69,7 +69,7 @@ def kv_cache_expr(
       tokens between steps; a static or paged cache holds ``w``.
 
     Latent attention (DeepSeek-V2/V3) caches ``r_kv + d_r`` elements per token and layer (the
-    compressed latent and the one shared RoPE key, :func:`mla_kv_elements`), whole on every
+    compressed latent and the one shared RoPE key, :func:`vrammath.kv_cache.mla_kv_elements`), whole on every
     tensor-parallel rank (vLLM and SGLang replicate it; transformers 5 caches the same two
     tensors, as one-head "key" and "value").
 
