@@ -8,6 +8,7 @@ import pytest
 import sympy
 
 from vrammath import activations as act
+from vrammath import gpt_blocks, korthikanti, layer_terms
 from vrammath.errors import InputError
 from vrammath.symbols import L, V, a, b, h, m, p, s, t
 
@@ -26,7 +27,7 @@ def _zero(expr: sympy.Expr) -> bool:
 
 
 def test_terms_are_the_published_breakdown() -> None:
-    terms = act.korthikanti_layer_terms()
+    terms = korthikanti.korthikanti_layer_terms()
     assert _zero(terms["attention"] - (11 * s * b * h + 5 * a * s**2 * b))
     assert _zero(terms["mlp"] - 19 * s * b * h)
     assert _zero(terms["norms"] - 4 * s * b * h)
@@ -47,50 +48,50 @@ def test_terms_are_the_published_breakdown() -> None:
     ],
 )
 def test_layer_totals_match_table_2(parallel: str, recompute: str, published: sympy.Expr) -> None:
-    assert _zero(act.korthikanti_layer_bytes(parallel, recompute) - published)  # type: ignore[arg-type]
+    assert _zero(korthikanti.korthikanti_layer_bytes(parallel, recompute) - published)  # type: ignore[arg-type]
 
 
 def test_tp_with_t_one_is_no_parallelism() -> None:
     for parallel in ("tp", "tp_sp"):
-        e = act.korthikanti_layer_bytes(parallel).subs(t, 1)  # type: ignore[arg-type]
-        assert _zero(e - act.korthikanti_layer_bytes())
+        e = korthikanti.korthikanti_layer_bytes(parallel).subs(t, 1)  # type: ignore[arg-type]
+        assert _zero(e - korthikanti.korthikanti_layer_bytes())
 
 
 def test_assumptions_are_visible_options() -> None:
-    fp32 = act.korthikanti_layer_bytes(activation_bytes=4, dropout_mask_bytes=1)
+    fp32 = korthikanti.korthikanti_layer_bytes(activation_bytes=4, dropout_mask_bytes=1)
     assert _zero(fp32 - (s * b * h * (4 * 16 + 2) + 9 * a * s**2 * b))
-    no_masks = act.korthikanti_layer_bytes(dropout_mask_bytes=0)
+    no_masks = korthikanti.korthikanti_layer_bytes(dropout_mask_bytes=0)
     assert _zero(no_masks - (32 * s * b * h + 4 * a * s**2 * b))
-    wide = act.korthikanti_layer_bytes(ffn_multiple=8)
-    assert _zero(wide - act.korthikanti_layer_bytes() - 16 * s * b * h)
+    wide = korthikanti.korthikanti_layer_bytes(ffn_multiple=8)
+    assert _zero(wide - korthikanti.korthikanti_layer_bytes() - 16 * s * b * h)
 
 
 @pytest.mark.parametrize(("model", "saving"), [("175B", 0.70), ("530B", 0.65)])
 def test_selective_recompute_savings_of_table_3(model: str, saving: float) -> None:
     values = {**PAPER_RUN, **TABLE3[model]}
-    full = act.korthikanti_layer_bytes("tp_sp").subs(values)
-    sel = act.korthikanti_layer_bytes("tp_sp", "selective").subs(values)
+    full = korthikanti.korthikanti_layer_bytes("tp_sp").subs(values)
+    sel = korthikanti.korthikanti_layer_bytes("tp_sp", "selective").subs(values)
     assert round(float(1 - sel / full), 2) == saving
 
 
 def test_first_stage_is_L_layers_plus_extras() -> None:
-    e = act.korthikanti_first_stage_bytes("tp_sp", last_stage_on_first=True)
-    layer = act.korthikanti_layer_bytes("tp_sp")
+    e = korthikanti.korthikanti_first_stage_bytes("tp_sp", last_stage_on_first=True)
+    layer = korthikanti.korthikanti_layer_bytes("tp_sp")
     # Equation 5 of the paper at p = 1: + sbh/t (embedding dropout) + 4sbh/t (1 + v/h)
     assert _zero(e - (L * layer + s * b * h / t + 4 * s * b * h / t * (1 + V / h)))
-    e = act.korthikanti_first_stage_bytes("tp_sp", schedule="interleaved")
+    e = korthikanti.korthikanti_first_stage_bytes("tp_sp", schedule="interleaved")
     assert _zero(e - (L * layer * (1 + (p - 1) / (p * m)) + s * b * h * p / t))
 
 
 def test_interleaving_factor_limits() -> None:
-    f = act.korthikanti_interleave_factor("interleaved")
+    f = korthikanti.korthikanti_interleave_factor("interleaved")
     assert f.subs({p: 1, m: 4}) == 1
     assert sympy.limit(f.subs(p, 8), m, sympy.oo) == 1
 
 
 def test_megatron_number_for_a_llama_7b_sized_layer() -> None:
     # REFERENCES.md: Megatron's formula gives 108 MiB (16-bit) for LLaMA-7B's layer at b=1, s=512.
-    e = act.korthikanti_layer_bytes().subs({s: 512, b: 1, h: 4096, a: 32})
+    e = korthikanti.korthikanti_layer_bytes().subs({s: 512, b: 1, h: 4096, a: 32})
     assert e == 108 * 2**20
 
 
@@ -103,9 +104,9 @@ def test_megatron_number_for_a_llama_7b_sized_layer() -> None:
 )
 def test_unknown_options_raise(kwargs: dict[str, str], field: str) -> None:
     with pytest.raises(InputError, match=field):
-        act.korthikanti_layer_bytes(**kwargs)  # type: ignore[arg-type]
+        korthikanti.korthikanti_layer_bytes(**kwargs)  # type: ignore[arg-type]
     with pytest.raises(InputError, match="schedule"):
-        act.korthikanti_interleave_factor("gpipe")  # type: ignore[arg-type]
+        korthikanti.korthikanti_interleave_factor("gpipe")  # type: ignore[arg-type]
 
 
 # --- implementation-exact formulas (values measured with vrammath.measure; see tests/measure) ---
@@ -130,14 +131,14 @@ def test_llama_7b_layer_matches_reference_measurements(
     precision: str, attention: str, mib: float
 ) -> None:
     spec = load_model("llama-7b")
-    e = act.hf_layer_bytes(spec, attention, precision)  # type: ignore[arg-type]
+    e = layer_terms.hf_layer_bytes(spec, attention, precision)  # type: ignore[arg-type]
     assert round(float(e.subs({**size_values(spec), b: 1, s: 512})) / MiB, 2) == mib
 
 
 def test_sdpa_keeps_a_log_sum_exp_not_scores() -> None:
     spec = load_model("llama-7b")
-    eager = act.hf_layer_terms(spec, "eager", "bf16")["scores"]
-    sdpa = act.hf_layer_terms(spec, "sdpa", "bf16")["scores"]
+    eager = layer_terms.hf_layer_terms(spec, "eager", "bf16")["scores"]
+    sdpa = layer_terms.hf_layer_terms(spec, "sdpa", "bf16")["scores"]
     assert _zero(eager - 6 * a * s**2 * b)
     assert _zero(sdpa - 4 * a * s * b)
 
@@ -157,15 +158,15 @@ def test_gqa_and_explicit_head_dim_enter_the_layer() -> None:
             "vocab_size": 1000,
         }
     )
-    qkv = act.hf_layer_terms(spec, "sdpa", "bf16")["qkv"]
+    qkv = layer_terms.hf_layer_terms(spec, "sdpa", "bf16")["qkv"]
     assert _zero(qkv - 2 * s * b * d * (a + 2 * a_kv))
     # eager repeats K and V to a heads
-    assert _zero(act.hf_layer_terms(spec, "eager", "bf16")["qkv"] - 6 * s * b * d * a)
+    assert _zero(layer_terms.hf_layer_terms(spec, "eager", "bf16")["qkv"] - 6 * s * b * d * a)
 
 
 def test_autocast_keeps_weight_casts_and_fp32_norm_inputs() -> None:
     spec = load_model("llama-7b")
-    terms = act.hf_layer_terms(spec, "sdpa", "autocast-bf16")
+    terms = layer_terms.hf_layer_terms(spec, "sdpa", "autocast-bf16")
     vals = size_values(spec)
     layer_params = 4 * 4096 * 4096 + 3 * 4096 * 11008
     assert terms["weight_casts"].subs(vals) == 2 * layer_params
@@ -193,18 +194,18 @@ def test_gpt2_with_fused_gelu_is_korthikanti_plus_norm_statistics() -> None:
     from vrammath.symbols import I as II
 
     spec = load_model("gpt2")
-    layer = act.hf_layer_bytes(spec, "eager", "bf16", gelu="gelu_pytorch_tanh")
-    assert _zero(layer.subs(II, 4 * h) - act.korthikanti_layer_bytes() - 16 * s * b)
-    composite = act.hf_layer_bytes(spec, "eager", "bf16", gelu="gelu_new")
+    layer = layer_terms.hf_layer_bytes(spec, "eager", "bf16", gelu="gelu_pytorch_tanh")
+    assert _zero(layer.subs(II, 4 * h) - korthikanti.korthikanti_layer_bytes() - 16 * s * b)
+    composite = layer_terms.hf_layer_bytes(spec, "eager", "bf16", gelu="gelu_new")
     assert _zero(composite - layer - 3 * 2 * s * b * II)
 
 
 def test_hf_unknown_options_raise() -> None:
     spec = load_model("llama-7b")
     with pytest.raises(InputError, match="attention"):
-        act.hf_layer_bytes(spec, "flash", "bf16")  # type: ignore[arg-type]
+        layer_terms.hf_layer_bytes(spec, "flash", "bf16")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="precision"):
-        act.hf_layer_bytes(spec, "sdpa", "int8")  # type: ignore[arg-type]
+        layer_terms.hf_layer_bytes(spec, "sdpa", "int8")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="recompute"):
         act.hf_activation_bytes(spec, recompute="selective")  # type: ignore[arg-type]
 
@@ -214,11 +215,12 @@ def test_gelu_comes_from_the_spec_unless_passed() -> None:
     tanh = from_hf_config({**base, "activation_function": "gelu_pytorch_tanh"})
     new = from_hf_config(base)
     assert _zero(
-        act.hf_layer_bytes(tanh, "eager", "bf16")
-        - act.hf_layer_bytes(new, "eager", "bf16", gelu="gelu_pytorch_tanh")
+        layer_terms.hf_layer_bytes(tanh, "eager", "bf16")
+        - layer_terms.hf_layer_bytes(new, "eager", "bf16", gelu="gelu_pytorch_tanh")
     )
     assert not _zero(
-        act.hf_layer_bytes(tanh, "eager", "bf16") - act.hf_layer_bytes(new, "eager", "bf16")
+        layer_terms.hf_layer_bytes(tanh, "eager", "bf16")
+        - layer_terms.hf_layer_bytes(new, "eager", "bf16")
     )
     # an explicit gelu= still wins (the measurement passes the config's own)
     assert _zero(
@@ -233,19 +235,21 @@ def test_gpt2_formula_refuses_a_spec_without_dropout() -> None:
     spec = load_model("gpt2")
     off = replace(spec, attention=replace(spec.attention, dropout=0.0))
     with pytest.raises(InputError, match="^dropout: GPT-2's formula is derived with"):
-        act.gpt2_layer_terms(off)
+        gpt_blocks.gpt2_layer_terms(off)
 
 
 @pytest.mark.parametrize("field", ["activation_bytes", "dropout_mask_bytes", "ffn_multiple"])
 def test_korthikanti_refuses_text(field: str) -> None:
     text: Any = "2"  # what a caller passing user text would send
     with pytest.raises(InputError) as info:
-        act.korthikanti_layer_bytes(**{field: text})
+        korthikanti.korthikanti_layer_bytes(**{field: text})
     assert str(info.value) == f"{field}: must be an int or a sympy expression (got '2')"
     with pytest.raises(InputError, match="^activation_bytes:"):
-        act.korthikanti_extra_terms(activation_bytes=cast(Any, "__import__('os')"))
+        korthikanti.korthikanti_extra_terms(activation_bytes=cast(Any, "__import__('os')"))
     # symbols are welcome
-    assert act.korthikanti_layer_bytes(activation_bytes=sympy.Symbol("B")).has(sympy.Symbol("B"))
+    assert korthikanti.korthikanti_layer_bytes(activation_bytes=sympy.Symbol("B")).has(
+        sympy.Symbol("B")
+    )
 
 
 def test_final_norm_is_one_layer_norm() -> None:
@@ -253,6 +257,6 @@ def test_final_norm_is_one_layer_norm() -> None:
     for name in ("llama-7b", "gpt2"):
         spec = load_model(name)
         for precision in precisions:
-            layer = act.hf_layer_terms(spec, "eager", precision)["norms"]
+            layer = layer_terms.hf_layer_terms(spec, "eager", precision)["norms"]
             final = act.hf_activation_terms(spec, "eager", precision)["final_norm"]
             assert _zero(layer - 2 * final)

@@ -13,11 +13,12 @@ from vrammath.cli import build_parser
 from vrammath.errors import InputError
 from vrammath.estimate import estimate
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, options
-from vrammath.inference import KV_DTYPES, SERVE_WEIGHTS, Serve, serve_warnings
+from vrammath.inference import Serve, serve_warnings
 from vrammath.presets import load_model
 from vrammath.quant import QUANTS
 from vrammath.setup import Setup, setup_warnings
 from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES
+from vrammath.vocab import KV_DTYPES, SERVE_WEIGHTS
 
 LLAMA = load_model("llama-7b")
 

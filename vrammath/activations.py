@@ -24,20 +24,10 @@ from typing import Literal
 import sympy
 
 from vrammath.activation_parts import (
-    ATTENTIONS,
-    DEVICES,
     HF_RECOMPUTE,
-    PARALLEL,
-    PRECISIONS,
-    RECOMPUTE,
-    SCHEDULES,
-    SDPA_GQA_MAX_HEAD_DIM,
     Attention,
     HfRecompute,
-    Parallel,
     Precision,
-    Recompute,
-    Schedule,
     _check,
     _dropout_mask_bytes,
     _norm_kept,
@@ -46,25 +36,10 @@ from vrammath.activation_parts import (
     _unit_offset_norm_kept,
 )
 from vrammath.errors import InputError
-from vrammath.gpt_blocks import GELU_KEPT, gpt2_layer_terms, neox_layer_terms
-from vrammath.korthikanti import (
-    korthikanti_extra_terms,
-    korthikanti_first_stage_bytes,
-    korthikanti_interleave_factor,
-    korthikanti_layer_bytes,
-    korthikanti_layer_terms,
-)
-from vrammath.layer_peaks import (
-    hf_checkpointed_backward_bytes,
-    hf_checkpointed_forward_bytes,
-    hf_last_layer_forward_bytes,
-    hf_top_layer_backward_bytes,
-)
 from vrammath.layer_terms import (
     _check_dropout,
     hf_layer_bytes,
     hf_layer_terms,
-    qk_norm_bytes,
     window_reached,
 )
 from vrammath.model import ModelSpec
@@ -320,39 +295,9 @@ def activation_exprs(
 
 
 __all__ = [
-    "ATTENTIONS",
-    "DEVICES",
-    "GELU_KEPT",
-    "HF_RECOMPUTE",
-    "PARALLEL",
-    "PRECISIONS",
-    "RECOMPUTE",
-    "SCHEDULES",
-    "SDPA_GQA_MAX_HEAD_DIM",
-    "Attention",
-    "HfRecompute",
-    "Parallel",
-    "Precision",
-    "Recompute",
-    "Schedule",
     "activation_exprs",
-    "gpt2_layer_terms",
     "hf_activation_bytes",
     "hf_activation_terms",
-    "hf_checkpointed_backward_bytes",
-    "hf_checkpointed_forward_bytes",
-    "hf_last_layer_forward_bytes",
-    "hf_layer_bytes",
-    "hf_layer_terms",
     "hf_logits_loss_bytes",
     "hf_logits_loss_terms",
-    "hf_top_layer_backward_bytes",
-    "korthikanti_extra_terms",
-    "korthikanti_first_stage_bytes",
-    "korthikanti_interleave_factor",
-    "korthikanti_layer_bytes",
-    "korthikanti_layer_terms",
-    "neox_layer_terms",
-    "qk_norm_bytes",
-    "window_reached",
 ]

@@ -416,8 +416,9 @@ def predict(
         The recorded log (its phases ``forward`` and ``backward`` place the workspaces).
     gpu : GPU or None
         A :class:`~vrammath.presets.GPU` preset; ``None`` leaves workspaces and context out.
-    handles : 1 or 2
-        cuBLAS handles that run (1: the forward's thread only, 2: and autograd's thread).
+    handles : int
+        The cuBLAS handles that run, 1 or 2 (1: the forward's thread only, 2: and autograd's
+        thread).
     """
     if handles not in (1, 2):
         raise InputError("handles", "must be 1 or 2", got=handles)

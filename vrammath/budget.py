@@ -434,8 +434,10 @@ def exact_bytes(terms: Iterable[sympy.Expr], values: Mapping[sympy.Symbol, int])
     47
     """
     total = 0
+    # every number put in at once: subs would re-evaluate a Max at each partial step
+    numbers = {k: sympy.sympify(v) for k, v in values.items()}
     for term in expr_terms("terms", list(terms) if not isinstance(terms, str) else terms):
-        value = sympy.ceiling(term.subs(values))
+        value = sympy.ceiling(term.xreplace(numbers))
         if not value.is_Integer:
             missing = sorted(str(x) for x in value.free_symbols) or [str(value)]
             raise InputError("values", "must give a number for every symbol", got=missing)

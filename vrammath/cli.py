@@ -364,8 +364,10 @@ def _cmd_formula(args: argparse.Namespace) -> Result:
         quant=args.quant,
     )
     if args.model is not None:
-        sizes = {**size_values(spec), P: param_count(spec)}
-        exprs = {k: v.subs(sizes) for k, v in exprs.items()}
+        sizes = {
+            k: sympy.Integer(v) for k, v in {**size_values(spec), P: param_count(spec)}.items()
+        }
+        exprs = {k: v.xreplace(sizes) for k, v in exprs.items()}
     render = sympy.latex if args.latex else str
     data = {
         "term": args.term,

@@ -52,6 +52,7 @@ Formula = Literal[
     "kv",
 ]
 FORMULAS: tuple[Formula, ...] = get_args(Formula)
+"""The terms ``vrammath formula`` prints, in its order."""
 
 
 def formula_exprs(

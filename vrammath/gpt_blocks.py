@@ -92,7 +92,8 @@ def gpt2_layer_terms(
     spec : ModelSpec
         A GPT-2 model (LayerNorm, plain GeLU MLP, dropout on).
     attention : "eager" or "sdpa"
-    precision : "fp32", "bf16" or "fp16" (autocast is not derived for GPT-2)
+    precision : str
+        ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast is not derived for GPT-2).
     gelu : one of :data:`GELU_KEPT`, optional
         Overrides the spec's ``mlp.activation`` (the config's ``activation_function``).
     device : "cuda" or "cpu"

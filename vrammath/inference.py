@@ -25,13 +25,11 @@ from vrammath.kv_cache import (
     kv_bytes_per_token,
     kv_cache_bytes,
     kv_cache_expr,
-    kv_dtype_bytes,
-    kv_heads_per_gpu_expr,
     kv_values,
 )
 from vrammath.model import ModelSpec
 from vrammath.presets import GPU, gpu
-from vrammath.serving_weights import INT4_GROUP, serving_weight_bytes, serving_weight_exprs
+from vrammath.serving_weights import INT4_GROUP, serving_weight_bytes
 from vrammath.vocab import KV_DTYPES, SERVE_WEIGHTS, KvDtype, ServeWeights, check
 
 # ----------------------------------------------------------------------------------------------
@@ -279,19 +277,8 @@ def serve(setup: Serve) -> ServeEstimate:
 
 
 __all__ = [
-    "INT4_GROUP",
-    "KV_DTYPES",
-    "SERVE_WEIGHTS",
     "Serve",
     "ServeEstimate",
-    "kv_bytes_per_token",
-    "kv_cache_bytes",
-    "kv_cache_expr",
-    "kv_dtype_bytes",
-    "kv_heads_per_gpu_expr",
-    "kv_values",
     "serve",
     "serve_warnings",
-    "serving_weight_bytes",
-    "serving_weight_exprs",
 ]

@@ -69,7 +69,7 @@ def kv_cache_expr(
       tokens between steps; a static or paged cache holds ``w``.
 
     Latent attention (DeepSeek-V2/V3) caches ``r_kv + d_r`` elements per token and layer (the
-    compressed latent and the one shared RoPE key, :func:`mla_kv_elements`), whole on every
+    compressed latent and the one shared RoPE key, :func:`vrammath.kv_cache.mla_kv_elements`), whole on every
     tensor-parallel rank (vLLM and SGLang replicate it; transformers 5 caches the same two
     tensors, as one-head "key" and "value").
 
@@ -220,11 +220,11 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "fp16", *, tp: int = 1) 
 
 
 __all__ = [
-    "KV_DTYPES",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_cache_expr",
     "kv_dtype_bytes",
     "kv_heads_per_gpu_expr",
     "kv_values",
+    "mla_kv_elements",
 ]

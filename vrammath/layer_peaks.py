@@ -196,7 +196,7 @@ def hf_checkpointed_backward_bytes(
     freed the 16-bit probabilities and V when the softmax backward runs -- the peak (measured op
     by op with ``MemTracker``, the live tensors listed at that op). Alive from the recomputation:
 
-    * the first norm's saved tensors (:func:`_norm_kept`), less its fp32 input where the residual
+    * the first norm's saved tensors (``_norm_kept``), less its fp32 input where the residual
       stream is fp32 (fp32 and autocast: the upcast is a no-op and the input is the checkpoint);
     * the q/k/v linears' inputs: one shared c sbh tensor, or under autocast three 16-bit casts;
     * Q and the repeated K that ``Q K^T`` saves (c sb a d each, 16-bit under autocast);

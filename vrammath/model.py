@@ -187,7 +187,7 @@ class Experts:
     scoring: Scoring = "softmax"
     groups: int = 1
     groups_chosen: int = 1
-    """DeepSeek-V3's group-limited routing: ``n_group`` groups, ``topk_group`` of them chosen."""
+    """The groups chosen in DeepSeek-V3's group-limited routing (``topk_group`` of ``n_group``)."""
 
     @property
     def active_fraction(self) -> Fraction:
@@ -216,7 +216,7 @@ class LatentAttention:
 
     @property
     def cached(self) -> int:
-        """Elements cached per token per layer: the latent plus the shared RoPE key."""
+        """The elements cached per token per layer (the latent plus the shared RoPE key)."""
         return self.kv_rank + self.rope_dim
 
 

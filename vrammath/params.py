@@ -62,7 +62,7 @@ from vrammath.symbols import (
 
 COMPONENTS = ("embedding", "positions", "attention", "mlp", "norms", "head")
 MOE_COMPONENTS = ("router", "experts", "shared_experts")
-"""Components a mixture-of-experts model adds (:attr:`vrammath.model.ModelSpec.experts`)."""
+"""Components a mixture-of-experts model adds (``ModelSpec.experts``)."""
 
 
 @dataclass(frozen=True)

@@ -68,18 +68,9 @@ from vrammath.states import optimizer_step_temp_expr
 from vrammath.symbols import L, P, V, b, s
 from vrammath.term_context import (
     CPU_ADAM_GRAD_BYTES,
-    GROUPS,
-    STATE_GROUPS,
     Builder,
     Context,
-    Device,
-    Group,
-    Live,
-    Offload,
     Term,
-    dim0_shard_params,
-    per_rank,
-    text,
 )
 
 # --- full fine-tuning: the model's own states ---------------------------------------------------
@@ -371,20 +362,7 @@ TERMS_BY_KEY: dict[str, Term] = {t.key: t for t in TERMS}
 
 
 __all__ = [
-    "CPU_ADAM_GRAD_BYTES",
-    "GROUPS",
-    "LOSS_BYTES",
-    "STATE_GROUPS",
     "TERMS",
     "TERMS_BY_KEY",
-    "Context",
-    "Device",
-    "Group",
-    "Live",
-    "Offload",
-    "Term",
-    "dim0_shard_params",
     "kept_outputs",
-    "per_rank",
-    "text",
 ]

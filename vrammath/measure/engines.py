@@ -32,6 +32,7 @@ from vrammath.measure.engine_runs import (
     Float16MasterOptimizer,
     measure_engine,
 )
+from vrammath.measure.matrix import diff as matrix_diff
 
 
 def estimate_engine(
@@ -417,19 +418,9 @@ def build_document(
 
 
 def diff(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
-    """Lines describing values that changed between two documents (empty: identical)."""
-    lines = []
-    old = {r["id"]: r for r in committed.get("rows", [])}
-    for row in fresh.get("rows", []):
-        prev = old.get(row["id"])
-        if prev is None:
-            lines.append(f"{row['id']}: new row")
-            continue
-        for name, c in row.get("components", {}).items():
-            p = prev.get("components", {}).get(name)
-            if p is None or (p["estimated"], p["measured"]) != (c["estimated"], c["measured"]):
-                was = p and (p["estimated"], p["measured"])
-                lines.append(f"{row['id']} {name}: {was} -> {(c['estimated'], c['measured'])}")
+    """Lines describing values that changed between two documents (empty: identical): the
+    rows as the matrix compares them, then the loop shapes."""
+    lines = matrix_diff(fresh, committed)
     old_loops = {r["id"]: r for r in committed.get("loops", [])}
     for loop in fresh.get("loops", []):
         if old_loops.get(loop["id"], {}).get("iterations") != loop["iterations"]:

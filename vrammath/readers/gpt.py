@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vrammath.activations import GELU_KEPT
 from vrammath.errors import InputError, one_of
+from vrammath.gpt_blocks import GELU_KEPT
 from vrammath.model import MLP, Attention, Embeddings, Norms
 from vrammath.readers.keys import Keys, Parts, Reader
 
