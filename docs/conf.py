@@ -184,9 +184,12 @@ CALC_STAGE = BUILD / "_calculator_static"
 
 def stage_calculator() -> Path:
     """Compile the term table into the calculator's data (tools/calculator_build.py), again only
-    when the package, the presets or the generator changed (it takes minutes)."""
+    when the package, the presets or the generator changed: the output is cached in docs/_build
+    under a hash of those sources."""
     sources = [*sorted((ROOT / "vrammath").rglob("*.py")), *sorted((ROOT / "conf").rglob("*"))]
-    sources.append(ROOT / "tools" / "calculator_build.py")
+    # the generator and the modules it imports (the browser check is not among them)
+    parts = ("build", "printer", "serve", "setups")
+    sources += [ROOT / "tools" / f"calculator_{part}.py" for part in parts]
     digest = hashlib.sha256()
     for path in sources:
         if path.is_file():

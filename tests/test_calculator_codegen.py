@@ -19,14 +19,14 @@ from vrammath.symbols import N_d, P, b, s
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-import calculator_build  # noqa: E402
+import calculator_printer  # noqa: E402
 
 ENGINE = ROOT / "docs" / "_static" / "calculator.js"
 NODE = shutil.which("node")
 
 
 def test_printer_emits_exact_calls() -> None:
-    js = calculator_build.js_function(sympy.Max(2 * P / N_d, sympy.Rational(3, 2) * b * s**2))
+    js = calculator_printer.js_function(sympy.Max(2 * P / N_d, sympy.Rational(3, 2) * b * s**2))
     assert js.startswith("(v)=>Z.max(")
     for part in ('Z.q("3","2")', 'Z.pow(v["s"],2)', 'v["N_d"]'):
         assert part in js
@@ -36,12 +36,12 @@ def test_printer_emits_exact_calls() -> None:
 
 def test_printer_refuses_what_it_cannot_do_exactly() -> None:
     with pytest.raises(ValueError, match="not exact"):
-        calculator_build.js_function(sympy.sqrt(P))
+        calculator_printer.js_function(sympy.sqrt(P))
 
 
 def _node_values(exprs: list[sympy.Expr], values: dict[sympy.Symbol, int]) -> list[str]:
     """Each expression's ceiling at ``values``, computed by node on calculator.js's rationals."""
-    funcs = ",\n".join(calculator_build.js_function(e) for e in exprs)
+    funcs = ",\n".join(calculator_printer.js_function(e) for e in exprs)
     script = f"""
 globalThis.window = {{VRAMMATH_DATA: {{funcs: (Z) => [{funcs}]}}}};
 {ENGINE.read_text()}
@@ -80,3 +80,27 @@ def test_piecewise_takes_the_first_branch_that_holds() -> None:
     expr = sympy.Piecewise((s * w, s >= w), (s**2, True)) / 3
     got = [_node_values([expr], {s: x, w: 4}) for x in (3, 4, 7)]
     assert got == [["3"], ["6"], ["10"]]  # ceil(9/3), ceil(16/3), ceil(28/3)
+
+
+def test_serving_symbols_are_read_from_kv_values() -> None:
+    import calculator_serve
+
+    llama = calculator_serve._run_symbols(load_model("llama-2-7b"))
+    mistral = calculator_serve._run_symbols(load_model("mistral-7b"))
+    base = {"b": "batch", "T": "context", "t": "tp", "blk": "block", "B_kv": "kv_dtype"}
+    assert mistral == base  # its window is its own (4096)
+    assert llama == {**base, "w_win": "context"}  # no window: kv_values puts the context in
+
+
+def test_tp_refusals_are_the_library_messages() -> None:
+    import calculator_serve
+
+    from vrammath.inference import Serve
+
+    spec = load_model("llama-2-70b")
+    got = calculator_serve.tp_messages(lambda tp: Serve(spec, tp=tp), spec.heads)
+    assert got["templates"][got["big"]] == "tp: must divide the attention heads (64) (got {got})"
+    assert sorted(set(range(1, 65)) - set(got["refused"])) == [1, 2, 4, 8, 16, 32, 64]
+    assert got["templates"][got["refused"][3]].format(got=3) == str(
+        pytest.raises(Exception, Serve, spec, tp=3).value
+    )

@@ -5,7 +5,7 @@ Usage: ``python tools/calculator_build.py [OUT]`` (docs/conf.py runs it at build
 Nothing of the memory logic is written in JavaScript. For each row of
 :data:`vrammath.terms.TERMS` the generator finds which discrete choices of a Setup change the
 row's per-rank expression (``vrammath.estimate._built``), enumerates those choices, and prints
-each distinct expression to JavaScript with :class:`ExactJsPrinter`: calls on an exact rational
+each distinct expression to JavaScript with :func:`calculator_printer.exact_js`: calls on an exact rational
 class (BigInt numerator / denominator) so the page rounds exactly as the library does. The phase
 peaks are compiled the same way, from ``vrammath.estimate.estimate`` itself run with symbolic
 group totals (W, O, G, A, T, F, R). Expressions stay symbolic in the model's sizes and the run's
@@ -17,42 +17,49 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
+import functools
 import json
 import sys
+import time
+from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
 from typing import Any, cast
 from unittest import mock
 
 import sympy
-from sympy.printing.jscode import JavascriptCodePrinter
+from calculator_printer import Pool, js_function
+from calculator_serve import serve_data, tp_messages
+from calculator_setups import (
+    FEATURES,
+    FEATURES_OF_FIELD,
+    PROBES,
+    TARGET_CHOICES,
+    invalid_pairs,
+    make_setup,
+    numeric_messages,
+    setup_tp,
+)
 
+from vrammath.budget import budget
 from vrammath.errors import InputError
-from vrammath.fields import options
+from vrammath.fields import field_values, options
 from vrammath.lora import lora_targets
 from vrammath.parallel import zero_stage
-from vrammath.params import param_count, rank_param_count, size_values
+from vrammath.params import param_count
 from vrammath.peak import PHASES, Groups
 from vrammath.presets import load_gpus, load_model, model_names
 from vrammath.setup import Setup
-from vrammath.symbols import N_d, b, m, p, r, s, t
-from vrammath.terms import STATE_GROUPS, TERMS, TERMS_BY_KEY, Context, text
-from vrammath.vocab import (
-    ACTIVATION_MODELS,
-    ATTENTIONS,
-    DEVICES,
-    IMPLEMENTATIONS,
-    ITERATIONS,
-    OPTIMIZERS,
-    QUANTS,
-    RECIPE_NAMES,
-    RECOMPUTES,
-    SCHEDULES,
-)
+from vrammath.symbols import N_d, P, b, m, p, r, s, t
+from vrammath.term_context import STATE_GROUPS, Context, text
+from vrammath.terms import TERMS, TERMS_BY_KEY
 
 # the module, not the function vrammath re-exports under the same name
 est_mod = import_module("vrammath.estimate")
+DIM0_SHARD_PARAMS = est_mod.dim0_shard_params
+#: What the rows hold for FSDP2's dim-0 shard's parameter count on the fullest rank (a preset's
+#: vrammath.term_context.dim0_shard_params, compiled per preset, gives its value).
+P_DIM0 = sympy.Symbol("P_dim0", positive=True, integer=True)
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "_static" / "calculator-data.js"
 
@@ -61,8 +68,6 @@ RANK_REFUSAL = (
     "lora_rank: with this optimizer the adapters' states depend on the rank's size, "
     "which the calculator does not compile (use the CLI)"
 )
-#: LoRA target sets the calculator offers (others: the CLI).
-TARGET_CHOICES = ("q,v", "q,k,v,o", "all-linear")
 #: The group totals' symbols, one per field of vrammath.peak.Groups, in its order.
 GROUP_SYMBOLS = sympy.symbols(
     " ".join(f"G_{f.name}" for f in dataclasses.fields(Groups)), real=True
@@ -85,165 +90,21 @@ RUN_SYMBOLS = {
     r: "lora_rank",
 }
 
-# A feature is a discrete fact of a setup the page reads generically: a field's value, or
-# whether a number field is above 1 ("tp>1"), or whether an optional field is set ("lora").
-FEATURES: dict[str, tuple[Any, ...]] = {
-    "recipe": RECIPE_NAMES,
-    "optimizer": OPTIMIZERS,
-    "implementation": IMPLEMENTATIONS,
-    "zero": (0, 1, 2, 3),
-    "offload_optimizer": (False, True),
-    "offload_params": (False, True),
-    "sp": (False, True),
-    "attention": ATTENTIONS,
-    "recompute": RECOMPUTES,
-    "activation_model": ACTIVATION_MODELS,
-    "tp>1": (False, True),
-    "pp>1": (False, True),
-    "schedule": SCHEDULES,
-    "lora": (False, True),
-    "lora_targets": TARGET_CHOICES,
-    "quant": (None, *QUANTS),
-    "lora_dropout": (False, True),
-    "iteration": ITERATIONS,
-    "device": DEVICES,
-}
-DEFAULTS: dict[str, Any] = {
-    "recipe": "bf16-mixed",
-    "optimizer": "adamw",
-    "implementation": "foreach",
-    "zero": 0,
-    "offload_optimizer": False,
-    "offload_params": False,
-    "sp": False,
-    "attention": "sdpa",
-    "recompute": "none",
-    "activation_model": "auto",
-    "tp>1": False,
-    "pp>1": False,
-    "schedule": "1f1b",
-    "lora": False,
-    "lora_targets": "q,v",
-    "quant": None,
-    "lora_dropout": False,
-    "iteration": "steady",
-    "device": "cuda",
-}
-# where a feature's relevance shows: the defaults, and these changes to them
-PROBES: tuple[dict[str, Any], ...] = (
-    {},
-    {"lora": True},
-    {"lora": True, "quant": "nf4"},
-    {"lora": True, "recompute": "full"},
-    {"zero": 3},
-    {"zero": 2, "offload_optimizer": True},
-    {"zero": 3, "offload_optimizer": True, "offload_params": True},
-    {"tp>1": True},
-    {"pp>1": True, "tp>1": True, "sp": True},
-    {"recompute": "full"},
-    {"attention": "eager"},
-    {"device": "cpu"},
-    {"recipe": "fp32"},
-    {"recipe": "autocast-bf16", "recompute": "full"},
-    {"implementation": "for-loop"},
-    {"optimizer": "adam8bit"},
-    {"optimizer": "adafactor", "implementation": "for-loop"},
-    {"lora": True, "optimizer": "adam8bit", "lora_targets": "all-linear"},
-    {"lora": True, "recipe": "fp32", "quant": "int8", "lora_dropout": True},
-    {"pp>1": True, "implementation": "for-loop", "optimizer": "adafactor"},
-    {"zero": 2, "offload_optimizer": True, "optimizer": "adafactor", "implementation": "for-loop"},
-    {"zero": 3, "offload_optimizer": True, "optimizer": "adam8bit", "recipe": "fp32"},
-)
 
-
-def smallest_tp(spec: Any) -> int | None:
-    """The smallest tensor-parallel size above 1 the model accepts (divides both head counts)."""
-    return next(
-        (t for t in range(2, spec.heads + 1) if spec.heads % t == 0 and spec.kv_heads % t == 0),
-        None,
-    )
-
-
-REPAIRS: tuple[dict[str, Any], ...] = (
-    {},
-    {"lora": True},
-    {"zero": 3},
-    {"zero": 2},
-    {"tp>1": True},
-    {"pp>1": True},
-    {"lora": False, "quant": None},
-    {"recompute": "selective"},
-    {"activation_model": "korthikanti"},
-)
-
-
-def _setup_kwargs(spec: Any, f: dict[str, Any]) -> dict[str, Any] | None:
-    kw: dict[str, Any] = {
-        k: f[k]
-        for k in (
-            "recipe",
-            "optimizer",
-            "implementation",
-            "zero",
-            "offload_optimizer",
-            "offload_params",
-            "sp",
-            "attention",
-            "recompute",
-            "activation_model",
-            "schedule",
-            "quant",
-            "lora_dropout",
-            "iteration",
-            "device",
-        )
-    }
-    kw["gpus"] = 8
-    if f["tp>1"]:
-        tp = smallest_tp(spec)
-        if tp is None:
-            return None
-        kw["tp"] = tp
-    if f["pp>1"]:
-        kw["pp"] = 2
-    if f["schedule"] == "interleaved":
-        kw["chunks"] = 2
-    if f["lora"]:
-        kw["lora_rank"] = 8
-        kw["lora_targets"] = f["lora_targets"]
-    elif f["lora_targets"] != DEFAULTS["lora_targets"]:
-        kw["lora_targets"] = f["lora_targets"]
-    return kw
-
-
-def make_setup(
-    spec: Any, feats: dict[str, Any], *, repair: bool = True, pairs: bool = False
-) -> Setup | str:
-    """A valid Setup with these feature values, the others at their defaults or, where the
-    defaults refuse it, at a repaired choice; else the library's message for the first try."""
-    first = ""
-    # single repairs first, then pairs of them (sp needs tp > 1, offload needs a ZeRO stage)
-    changes = list(REPAIRS)
-    if pairs:
-        changes += [{**x, **y} for x, y in itertools.combinations(REPAIRS[1:], 2)]
-    for change in changes if repair else [{}]:
-        f = {**DEFAULTS, **{k: v for k, v in change.items() if k not in feats}, **feats}
-        kw = _setup_kwargs(spec, f)
-        if kw is None:
-            first = first or "tp: the model has no tensor-parallel size above 1"
-            continue
-        try:
-            return Setup(spec, **kw)
-        except InputError as err:
-            first = first or str(err)
-    return first
-
-
-def phase_exprs(setup: Setup) -> dict[str, sympy.Expr]:
+def phase_exprs(setup: Setup, on_groups: Callable[[], None] | None = None) -> dict[str, Any]:
     """The phase peaks of ``setup`` in the group totals' symbols: the library's own estimate,
-    its group sums replaced by symbols."""
-    groups = Groups(*GROUP_SYMBOLS)
-    with mock.patch.object(est_mod, "_groups", return_value=groups):
+    its group sums replaced by symbols (``on_groups`` is called when the rows are summed)."""
+
+    def groups(built: Any) -> Groups:
+        if on_groups is not None:
+            on_groups()
+        return Groups(*GROUP_SYMBOLS)
+
+    # the rows only feed the group totals, which are symbols here: build none of them
+    with (
+        mock.patch.object(est_mod, "_groups", side_effect=groups),
+        mock.patch.object(est_mod, "_built", return_value=sympy.S.Zero),
+    ):
         return dict(est_mod.estimate(setup).phase_exprs)
 
 
@@ -256,10 +117,10 @@ def built_row(term: Any, ctx: Context) -> Any:
         return ("err", str(err))
 
 
-def built_phases(setup: Setup) -> Any:
+def built_phases(setup: Setup, on_groups: Callable[[], None] | None = None) -> Any:
     """The phase peaks in the group symbols, or ``("err", message)``."""
     try:
-        exprs = phase_exprs(setup)
+        exprs = phase_exprs(setup, on_groups)
     except InputError as err:
         return ("err", str(err))
     return tuple(exprs[k] for k in PHASES)
@@ -273,52 +134,62 @@ def row_outputs(setup: Setup) -> dict[str, Any]:
     return out
 
 
-def relevant_features(specs: list[Any]) -> dict[str, list[str]]:
-    """Per row (and "@phases"), the features that change its output somewhere in the probes."""
-    found: dict[str, set[str]] = {}
-    for spec in specs:
-        for probe in PROBES:
-            base = make_setup(spec, probe, repair=False)
-            if isinstance(base, str):
-                continue
-            ref = row_outputs(base)
-            for name, values in FEATURES.items():
-                for value in values:
-                    if value == {**DEFAULTS, **probe}[name]:
-                        continue
-                    other = make_setup(spec, {**probe, name: value}, repair=False)
-                    if isinstance(other, str):
-                        continue
-                    got = row_outputs(other)
-                    for key, val in got.items():
-                        if val != ref[key]:
-                            found.setdefault(key, set()).add(name)
-        # and every field a row's builder reads, on every probe (value changes alone miss
-        # interactions: the quantized base's width matters only under an fp32 recipe)
-        for probe in PROBES:
-            base = make_setup(spec, probe, repair=False)
-            if isinstance(base, str):
-                continue
-            for term in TERMS:
-                reader = _Reader(base)
-                with contextlib.suppress(InputError):
-                    est_mod._built(term, Context(cast(Setup, reader)))
-                for name in reader.read:
-                    found.setdefault(term.key, set()).update(FEATURES_OF_FIELD.get(name, ()))
-    order = list(FEATURES)
-    keys = [t.key for t in TERMS] + ["@phases"]
-    return {k: sorted(found.get(k, ()), key=order.index) for k in keys}
+def row_read(term: Any, setup: Setup) -> tuple[Any, set[str]]:
+    """:func:`built_row` of ``term`` for ``setup``, and the Setup attributes it read."""
+    reader = _Reader(setup)
+    got = built_row(term, Context(cast(Setup, reader)))
+    return got, reader.read
 
 
-#: The features a Setup attribute stands for (numbers enter as symbols; their size as "> 1").
-FEATURES_OF_FIELD: dict[str, tuple[str, ...]] = {
-    **{name: (name,) for name in FEATURES},
-    "tp": ("tp>1",),
-    "pp": ("pp>1",),
-    "lora_rank": ("lora",),
-    "activation_formula": ("activation_model", "tp>1", "pp>1", "recompute"),
-    "chunks": ("schedule",),
-}
+def phases_read(setup: Setup) -> tuple[Any, set[str]]:
+    """:func:`built_phases` for ``setup``, and what estimate read once the rows were summed into
+    the groups (or, where it refused before, what it read until then: a model it does not
+    compose refuses whatever the features)."""
+    reader = _Reader(setup)
+    return built_phases(cast(Setup, reader), reader.read.clear), reader.read
+
+
+def grow(
+    spec: Any,
+    read: Callable[[Setup], tuple[Any, set[str]]],
+    encode: Callable[[Any, Setup], int],
+    refused: Callable[[str], int],
+) -> Any:
+    """The decision tree of one output over the features: build it for the defaults, see which
+    features it read, and branch on each of those, one at a time (the output depends on nothing
+    else: the builders are pure functions of what they read). A node is ``[feature index,
+    [subtree per value]]``, a leaf ``encode``'s code; a node whose subtrees agree is their leaf.
+    """
+    names = list(FEATURES)
+    fields = [f.name for f in dataclasses.fields(Setup) if f.name != "model"]
+    seen_setups: dict[tuple[Any, ...], tuple[Any, set[str]]] = {}
+
+    def node(assign: dict[str, Any]) -> Any:
+        setup = make_setup(spec, assign)
+        if isinstance(setup, str):
+            return refused(setup)
+        # a branch on the value a feature already had builds the same setup again
+        key = tuple(getattr(setup, name) for name in fields)
+        if key not in seen_setups:
+            seen_setups[key] = read(setup)
+        got, attrs = seen_setups[key]
+        seen = {f for a in attrs for f in FEATURES_OF_FIELD.get(a, ())}
+        free = [f for f in names if f in seen and f not in assign]
+        if not free:
+            return encode(got, setup)
+        f = free[0]
+        kids = [node({**assign, f: v}) for v in FEATURES[f]]
+        if all(json.dumps(k) == json.dumps(kids[0]) for k in kids):
+            return kids[0]
+        return [names.index(f), kids]
+
+    return node({})
+
+
+def _host(gpu_name: str) -> dict[str, Any]:
+    """The host side vrammath.budget.budget gives a GPU preset (its node, if one holds it)."""
+    bud = budget(gpu_name)
+    return {"node": bud.node, "host_bytes": bud.host_bytes, "gpus_per_node": bud.gpus_per_node}
 
 
 class _Reader:
@@ -333,99 +204,6 @@ class _Reader:
         return getattr(self._setup, name)
 
 
-class ExactJsPrinter(JavascriptCodePrinter):
-    """JavaScript on the page's exact rationals: ``Z.add``, ``Z.mul``, ``Z.pow``, ``Z.ceil``,
-    ``Z.max``, ``Z.min``, ``Z.delta``; integers and rationals as ``Z.q("p","q")``; a symbol
-    ``x`` as ``v["x"]``. Only arithmetic: the expression decides everything."""
-
-    def _print_Symbol(self, expr: sympy.Symbol) -> str:
-        return f"v[{json.dumps(expr.name)}]"
-
-    def _print_Integer(self, expr: sympy.Integer) -> str:
-        return f'Z.q("{int(expr)}")'
-
-    def _print_Rational(self, expr: sympy.Rational) -> str:
-        return f'Z.q("{expr.p}","{expr.q}")'
-
-    def _print_Zero(self, expr: sympy.Expr) -> str:
-        return 'Z.q("0")'
-
-    def _print_One(self, expr: sympy.Expr) -> str:
-        return 'Z.q("1")'
-
-    def _print_NegativeOne(self, expr: sympy.Expr) -> str:
-        return 'Z.q("-1")'
-
-    def _print_Half(self, expr: sympy.Expr) -> str:
-        return 'Z.q("1","2")'
-
-    def _call(self, name: str, args: Any) -> str:
-        return f"Z.{name}(" + ",".join(self._print(a) for a in args) + ")"
-
-    def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
-        return self._call("add", expr.args)
-
-    def _print_Mul(self, expr: sympy.Mul) -> str:
-        return self._call("mul", expr.args)
-
-    def _print_Pow(self, expr: sympy.Pow) -> str:
-        base, exp = expr.args
-        if not exp.is_Integer:
-            raise ValueError(f"not exact: {expr}")
-        return f"Z.pow({self._print(base)},{int(exp)})"
-
-    def _print_Max(self, expr: sympy.Expr) -> str:
-        return self._call("max", expr.args)
-
-    def _print_Min(self, expr: sympy.Expr) -> str:
-        return self._call("min", expr.args)
-
-    def _print_ceiling(self, expr: sympy.Expr) -> str:
-        return self._call("ceil", expr.args)
-
-    def _print_floor(self, expr: sympy.Expr) -> str:
-        return self._call("floor", expr.args)
-
-    def _print_KroneckerDelta(self, expr: sympy.Expr) -> str:
-        return self._call("delta", expr.args)
-
-    def _print_Piecewise(self, expr: sympy.Expr) -> str:
-        pairs = ",".join(f"[{self._print(c)},{self._print(e)}]" for e, c in expr.args)
-        return f"Z.pw({pairs})"
-
-    def _print_BooleanTrue(self, expr: sympy.Expr) -> str:
-        return "true"
-
-    def _print_BooleanFalse(self, expr: sympy.Expr) -> str:
-        return "false"
-
-    def _print_Relational(self, expr: sympy.Expr) -> str:
-        name = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}[expr.rel_op]
-        return self._call(name, expr.args)
-
-    def emptyPrinter(self, expr: Any) -> str:
-        raise ValueError(f"cannot compile {type(expr).__name__}: {expr}")
-
-
-def js_function(expr: sympy.Expr) -> str:
-    """``expr`` as a JavaScript arrow function of the values ``v``."""
-    return "(v)=>" + ExactJsPrinter().doprint(sympy.sympify(expr))
-
-
-class Pool:
-    """Distinct strings, each stored once and referred to by index."""
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-        self.index: dict[str, int] = {}
-
-    def add(self, item: str) -> int:
-        if item not in self.index:
-            self.index[item] = len(self.items)
-            self.items.append(item)
-        return self.index[item]
-
-
 def signatures(spec: Any) -> dict[str, str]:
     """Per row, its outputs over the probes: presets whose outputs agree share the row's
     compiled table (most rows are symbolic in the sizes; a few hold a model's own numbers)."""
@@ -436,50 +214,6 @@ def signatures(spec: Any) -> dict[str, str]:
         for key in [term.key for term in TERMS] + ["@phases"]:
             parts.setdefault(key, []).append(sympy.srepr(out.get(key, "-")))
     return {key: "\n".join(v) for key, v in parts.items()}
-
-
-def invalid_pairs(spec: Any) -> dict[str, str]:
-    """The library's refusals of single feature values and of pairs of them (the others at
-    their defaults, or repaired): ``"f=v"`` or ``"f=v&g=w"`` -> the message."""
-    out: dict[str, str] = {}
-    items = [(f, v) for f, values in FEATURES.items() for v in values]
-    for f, v in items:
-        got = make_setup(spec, {f: v}, pairs=True)
-        if isinstance(got, str):
-            out[f"{f}={json.dumps(v)}"] = got
-    names = list(FEATURES)
-    for (f, v), (g, w) in itertools.combinations(items, 2):
-        if f == g or names.index(f) > names.index(g):
-            continue
-        one, two = f"{f}={json.dumps(v)}", f"{g}={json.dumps(w)}"
-        if one in out or two in out:
-            continue
-        got = make_setup(spec, {f: v, g: w}, pairs=True)
-        if isinstance(got, str):
-            out[f"{one}&{two}"] = got
-    return out
-
-
-def _refusal(spec: Any, **kw: Any) -> str:
-    try:
-        Setup(spec, **kw)
-    except InputError as err:
-        return str(err)
-    raise AssertionError(f"accepted {kw}")
-
-
-def numeric_messages(spec: Any) -> dict[str, Any]:
-    """The library's messages for numbers checked against the model, ``{got}`` for the value."""
-    big_tp, big_pp, big_chunks = spec.heads + 1, spec.layers + 1, spec.layers
-    return {
-        "tpBig": _refusal(spec, tp=big_tp).replace(f"(got {big_tp})", "(got {got})"),
-        "ppBig": _refusal(spec, pp=big_pp).replace(f"(got {big_pp})", "(got {got})"),
-        "chunksOne": _refusal(spec, pp=2, schedule="interleaved", chunks=1),
-        "chunksBig": _refusal(spec, pp=2, schedule="interleaved", chunks=big_chunks).replace(
-            f"(got {big_chunks})", "(got {got})"
-        ),
-        "chunksUnused": _refusal(spec, chunks=2).replace("(got 2)", "(got {got})"),
-    }
 
 
 #: The pure functions the builders of vrammath.terms call, memoized while the generator
@@ -527,13 +261,24 @@ def _tex(expr: sympy.Expr) -> str:
     return _TEX[expr]
 
 
+_STARTED = time.monotonic()
+
+
+def _progress(what: str) -> None:
+    print(f"calculator_build: {what} at {time.monotonic() - _STARTED:.0f} s", file=sys.stderr)
+
+
 def build() -> dict[str, Any]:
     """The calculator's data: features, rows, compiled variants per model class, presets."""
-    terms_mod = import_module("vrammath.terms")
     with contextlib.ExitStack() as stack:
-        for name in MEMOIZED:
-            fn = getattr(terms_mod, name)
-            stack.enter_context(mock.patch.object(terms_mod, name, _memo(fn)))
+        # FSDP2's dim-0 shard enters the rows as one symbol; each preset ships its expression
+        stack.enter_context(mock.patch.object(est_mod, "dim0_shard_params", return_value=P_DIM0))
+        # estimate() runs here for its phase expressions only: its numbers are the page's job
+        stack.enter_context(mock.patch.object(est_mod, "_value", return_value=0))
+        for mod in (import_module("vrammath.terms"), import_module("vrammath.term_context")):
+            for name in MEMOIZED:
+                if hasattr(mod, name):
+                    stack.enter_context(mock.patch.object(mod, name, _memo(getattr(mod, name))))
         return _build()
 
 
@@ -546,9 +291,9 @@ def _build() -> dict[str, Any]:
     for name, spec in specs.items():
         for key, sig in signatures(spec).items():
             row_class.setdefault(key, {})[name] = first_of.setdefault((key, sig), name)
+    _progress("row classes")
     structure = row_class["activations"]  # the model's shape: its activations
     reps = sorted(set(structure.values()))
-    relevant = relevant_features([specs[r] for r in reps])
     funcs, labels, texs, messages, entries = Pool(), Pool(), Pool(), Pool(), Pool()
 
     def refused(message: str) -> int:
@@ -557,78 +302,73 @@ def _build() -> dict[str, Any]:
     def variant(*parts: int) -> int:
         return 1 + entries.add(json.dumps(parts))
 
-    # one dense table per row: the feature values' product in itertools order (the first
-    # feature most significant); 0 = the row is absent, k > 0 = entries[k - 1], k < 0 = the
-    # library's refusal messages[-k - 1]
-    variants: dict[str, dict[str, list[int]]] = {}
-    for key, feats in relevant.items():
-        per_rep: dict[str, list[int]] = {}
+    def encode_row(term: Any, got: Any, setup: Setup) -> int:
+        if setup.lora_rank is not None and got is not None and got[0] != "err":
+            # an expression that holds the rank's size (8-bit states keep a small adapter in
+            # fp32) is not one expression in r: refuse, never a wrong number
+            small = built_row(term, Context(dataclasses.replace(setup, lora_rank=1)))
+            if small != got:
+                return refused(RANK_REFUSAL)
+        if got is None:
+            return 0
+        if got[0] == "err":
+            return refused(got[1])
+        return variant(funcs.add(_js(got[0])), labels.add(got[1]), texs.add(_tex(got[0])))
+
+    def encode_phases(got: Any, setup: Setup) -> int:
+        if got[0] == "err":
+            return refused(got[1])
+        return variant(*(funcs.add(_js(e)) for e in got))
+
+    # per row and class of presets, a decision tree over the features the row reads (see
+    # grow): a leaf 0 = the row is absent, k > 0 = entries[k - 1], k < 0 = the library's
+    # refusal messages[-k - 1]
+    variants: dict[str, dict[str, Any]] = {}
+    for key in [term.key for term in TERMS] + ["@phases"]:
+        per_rep: dict[str, Any] = {}
         for rep in sorted(set(row_class[key].values())):
-            spec = specs[rep]
-            table: list[int] = []
-            for combo in itertools.product(*(FEATURES[f] for f in feats)):
-                setup = make_setup(spec, dict(zip(feats, combo, strict=True)))
-                if isinstance(setup, str):
-                    table.append(refused(setup))
-                    continue
-                if key == "@phases":
-                    got = built_phases(setup)
-                    if got[0] == "err":
-                        table.append(refused(got[1]))
-                    else:
-                        table.append(variant(*(funcs.add(_js(e)) for e in got)))
-                    continue
-                got = built_row(TERMS_BY_KEY[key], Context(setup))
-                if setup.lora_rank is not None and got is not None and got[0] != "err":
-                    # an expression that holds the rank's size (8-bit states keep a small
-                    # adapter in fp32) is not one expression in r: refuse, never a wrong number
-                    small = built_row(
-                        TERMS_BY_KEY[key], Context(dataclasses.replace(setup, lora_rank=1))
-                    )
-                    if small != got:
-                        table.append(refused(RANK_REFUSAL))
-                        continue
-                if got is None:
-                    table.append(0)
-                elif got[0] == "err":
-                    table.append(refused(got[1]))
-                else:
-                    table.append(
-                        variant(funcs.add(_js(got[0])), labels.add(got[1]), texs.add(_tex(got[0])))
-                    )
-            per_rep[rep] = table
+            if key == "@phases":
+                per_rep[rep] = grow(specs[rep], phases_read, encode_phases, refused)
+            else:
+                term = TERMS_BY_KEY[key]
+                per_rep[rep] = grow(
+                    specs[rep],
+                    functools.partial(row_read, term),
+                    functools.partial(encode_row, term),
+                    refused,
+                )
         variants[key] = per_rep
+        _progress(f"tree {key}: {len(per_rep)} classes")
     invalid = {rep: invalid_pairs(specs[rep]) for rep in reps}
+    _progress("refused pairs")
     presets = {}
     for name, spec in specs.items():
-        values = {str(k): v for k, v in size_values(spec).items()}
-        values["P"] = param_count(spec)
-        tps, tp_err = [], {}
-        for tp in range(1, spec.heads + 1):
-            try:
-                Setup(spec, tp=tp)
-                tps.append(tp)
-            except InputError as err:
-                tp_err[tp] = str(err)
+        # the model's numbers as vrammath.estimate._values gives them (the run's are the form's)
+        values = {
+            str(k): v for k, v in est_mod._values(Setup(spec)).items() if k not in RUN_SYMBOLS
+        }
+        tp_data = tp_messages(functools.partial(setup_tp, spec), spec.heads)
+        tps = [x for x in range(1, spec.heads + 1) if x not in tp_data["refused"]]
         # P on the fullest tensor/pipeline rank (vrammath.estimate._values), per tp the values
         # for pp = 1, 2, ... run-length encoded as [value, repeats, ...]
         rank_p: dict[int, list[int]] = {}
         for tp in tps:
             runs: list[int] = []
             for pp in range(1, spec.layers + 1):
-                value = param_count(spec) if tp == pp == 1 else rank_param_count(spec, tp, pp)
+                value = est_mod._values(Setup(spec, tp=tp, pp=pp))[P]
                 if runs and runs[-2] == value:
                     runs[-1] += 1
                 else:
                     runs += [value, 1]
             rank_p[tp] = runs
         presets[name] = {
+            "dim0": funcs.add(_js(DIM0_SHARD_PARAMS(spec))),
             "cls": structure[name],
             "values": values,
             "params": param_count(spec),
             "rankP": rank_p,
-            "tps": tps,
-            "tpErr": tp_err,
+            "tp": tp_data,
+            "heads": spec.heads,
             "layers": spec.layers,
             "msg": numeric_messages(spec),
             "model_type": spec.model_type,
@@ -646,8 +386,7 @@ def _build() -> dict[str, Any]:
                 "kind": opt.kind,
             }
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(Setup) if f.name != "model"}
-    defaults["lora_targets"] = list(defaults["lora_targets"])
+    defaults = field_values(Setup(specs[names[0]]))
     try:
         zero_stage("@@")
     except InputError as err:
@@ -656,7 +395,11 @@ def _build() -> dict[str, Any]:
         "defaults": defaults,
         "zeroMsg": zero_msg,
         "targetSets": {",".join(lora_targets(t)): t for t in TARGET_CHOICES},
+        "targetLists": {t: ",".join(lora_targets(t)) for t in TARGET_CHOICES},
+        "hosts": {name: _host(name) for name in load_gpus()},
+        "serve": serve_data(funcs, texs),
         "runSymbols": {str(sym): name for sym, name in RUN_SYMBOLS.items()},
+        "dim0Symbol": str(P_DIM0),
         "groupSums": [
             [str(sym), group, backward]
             for sym, (group, backward) in zip(GROUP_SYMBOLS, GROUP_SUMS, strict=True)
@@ -671,11 +414,9 @@ def _build() -> dict[str, Any]:
                 "group": t.group,
                 "live": t.live,
                 "listed": t.listed,
-                "relevant": relevant[t.key],
             }
             for t in TERMS
         ],
-        "phaseFeatures": relevant["@phases"],
         "phases": list(PHASES),
         "groups": [str(sym) for sym in GROUP_SYMBOLS],
         "stateGroups": list(STATE_GROUPS),

@@ -75,8 +75,8 @@
     return text.includes("'") && !text.includes('"') ? `"${text}"` : `'${text.replace(/'/g, "\\'")}'`;
   }
   /** The integer a form's text holds, or the CLI's message for it. */
-  function parseInteger(name, text) {
-    const f = FIELDS[name];
+  function parseInteger(name, text, fields) {
+    const f = (fields || FIELDS)[name];
     const digits = String(text).trim();
     const msg = `${label(f)}: must be an integer from ${f.low} to ${f.high} (got ${shown(text)})`;
     if (!(digits.length > 0 && digits.length <= 24) || !/^[+-]?\d+$/.test(digits)) return { error: msg };
@@ -98,24 +98,19 @@
     const value = setup[name];
     return value === undefined ? null : value;
   }
-  /** The position of the setup's feature values in a row's dense table (itertools order). */
-  function indexOf(setup, feats) {
-    let index = 0;
-    for (const f of feats) {
-      const values = D.features[f].map((x) => JSON.stringify(x));
-      const i = values.indexOf(JSON.stringify(featureValue(setup, f)));
-      if (i < 0) return -1;
-      index = index * values.length + i;
+  const FEATURE_NAMES = Object.keys(D.features);
+  /** A decision tree's leaf for the setup: null (absent), {err}, or the indices it names;
+   *  undefined where the setup's value of a feature the tree branches on is not offered. */
+  function entryOf(tree, setup) {
+    let node = tree;
+    while (Array.isArray(node)) {
+      const f = FEATURE_NAMES[node[0]];
+      const i = D.features[f].map((x) => JSON.stringify(x)).indexOf(JSON.stringify(featureValue(setup, f)));
+      if (i < 0) return undefined;
+      node = node[1][i];
     }
-    return index;
-  }
-  /** A table's entry: null (absent), {err}, or the indices it names; undefined if not there. */
-  function entryOf(table, setup, feats) {
-    const i = indexOf(setup, feats);
-    if (i < 0 || i >= table.length) return undefined;
-    const k = table[i];
-    if (k === 0) return null;
-    return k < 0 ? { err: D.messages[-k - 1] } : D.entries[k - 1];
+    if (node === 0) return null;
+    return node < 0 ? { err: D.messages[-node - 1] } : D.entries[node - 1];
   }
   function withDefaults(setup) {
     const out = Object.assign({}, D.defaults, setup);
@@ -157,9 +152,8 @@
     }
     // the numbers the library checks against the model (its messages, the value filled in)
     const fill = (tpl, got) => tpl.replace("{got}", String(got));
-    if (setup.tp > 1 && !pre.tps.includes(setup.tp)) {
-      return setup.tp in pre.tpErr ? pre.tpErr[setup.tp] : fill(pre.msg.tpBig, setup.tp);
-    }
+    const tpMsg = tpRefusal(pre.tp, pre.heads)(setup.tp);
+    if (tpMsg) return tpMsg;
     if (setup.pp > pre.layers) return fill(pre.msg.ppBig, setup.pp);
     if (setup.schedule === "interleaved") {
       if (setup.chunks === 1) return pre.msg.chunksOne;
@@ -175,10 +169,8 @@
     const out = [];
     for (const row of D.rows) {
       const table = D.variants[row.key][D.rowClass[row.key][setup.model]];
-      const entry = entryOf(table, setup, row.relevant);
-      if (entry === undefined) {
-        return { error: `${row.relevant.join("/")}: this combination is not compiled into the calculator (use the CLI)` };
-      }
+      const entry = entryOf(table, setup);
+      if (entry === undefined) return { error: `${row.key}: this combination is not compiled into the calculator (use the CLI)` };
       if (entry !== null && entry.err) return { error: entry.err };
       out.push({ row, entry });
     }
@@ -197,6 +189,7 @@
     for (const [sym, field] of Object.entries(D.runSymbols)) {
       if (setup[field] !== null && setup[field] !== undefined) v[sym] = num(setup[field]);
     }
+    v[D.dim0Symbol] = F[pre.dim0](v);  // used only by the rows _built gave the dim-0 shard
     return v;
   }
 
@@ -204,6 +197,10 @@
     const setup = withDefaults(input);
     const error = validate(setup);
     if (error) return { error };
+    // estimate's own refusals first (a model it does not compose), as the library raises them
+    const phaseEntry = entryOf(D.variants["@phases"][D.rowClass["@phases"][setup.model]], setup);
+    if (phaseEntry === undefined) return { error: "phases: this combination is not compiled into the calculator (use the CLI)" };
+    if (phaseEntry.err) return { error: phaseEntry.err };
     const built = rowsOf(setup);
     if (built.error) return built;
     const pre = D.presets[setup.model];
@@ -232,9 +229,6 @@
       }
       g[sym] = total;
     });
-    const phaseEntry = entryOf(D.variants["@phases"][D.rowClass["@phases"][setup.model]], setup, D.phaseFeatures);
-    if (phaseEntry === undefined) return { error: `${D.phaseFeatures.join("/")}: this combination is not compiled into the calculator (use the CLI)` };
-    if (phaseEntry.err) return { error: phaseEntry.err };
     const phaseExact = phaseEntry.map((i) => F[i](g));
     const phases = {};
     let peak = null;
@@ -242,6 +236,22 @@
     D.phases.forEach((name, i) => {
       phases[name] = ceilInt(phaseExact[i]).toString();
       if (peakValue === null || cmp(phaseExact[i], peakValue) > 0) { peak = name; peakValue = phaseExact[i]; }
+    });
+    // what is live at each phase's peak: the phase's compiled expression with the group totals
+    // put in one by one (the steps telescope to the phase; "other" is what no group holds)
+    const phaseParts = {};
+    D.phases.forEach((name, i) => {
+      const cur = Object.assign({}, g);
+      D.groupSums.forEach(([sym]) => { cur[sym] = R(0n, 1n); });
+      let prev = F[phaseEntry[i]](cur);
+      const parts = [["other", prev]];
+      for (const [sym] of D.groupSums) {
+        cur[sym] = g[sym];
+        const now = F[phaseEntry[i]](cur);
+        parts.push([sym, Z.add(now, Z.mul(prev, Z.q("-1")))]);
+        prev = now;
+      }
+      phaseParts[name] = parts.map(([k, x]) => [k, Number(x.n) / Number(x.d)]);
     });
     const gpuBytes = ceilInt(Z.max(...phaseExact));
     const sum = (pred) => detail.filter(pred).reduce((a, c) => a + c.bytes, 0n);
@@ -252,12 +262,21 @@
       peak_phase: peak,
     };
     let gpu = null;
+    let host = null;
     if (setup.gpu) {
       const cap = BigInt(D.gpus[setup.gpu]);
       gpu = { name: setup.gpu, bytes: cap.toString(), fits: gpuBytes <= cap };
+      // vrammath.budget.host_check: the offloaded bytes per rank, times the ranks a node holds
+      const node = D.hosts[setup.gpu];
+      const perRank = BigInt(totals.cpu_bytes);
+      const ranks = BigInt(Math.min(setup.gpus * setup.tp * setup.pp, node.gpus_per_node));
+      host = { per_rank_bytes: totals.cpu_bytes, ranks_per_node: Number(ranks),
+               need_bytes: (perRank * ranks).toString(), node: node.node,
+               limit_bytes: node.host_bytes === null ? null : String(node.host_bytes),
+               fits: perRank === 0n ? true : node.host_bytes === null ? null : perRank * ranks <= BigInt(node.host_bytes) };
     }
-    return { model: setup.model, params: String(pre.params), components, phases, totals, gpu,
-             detail, phaseGroups: g };
+    return { model: setup.model, params: String(pre.params), components, phases, totals, gpu, host,
+             detail, phaseGroups: g, phaseParts };
   }
 
   /** The CLI line for ``setup``: every field that differs from its default. */
@@ -275,11 +294,137 @@
     return parts.join(" ");
   }
 
-  window.vrammath = { estimate, validate: (s) => validate(withDefaults(s)), cliCommand, parseInteger,
-                      data: D, Z, funcs: F };
+  // --- serving: vrammath.inference.serve's compiled expressions ---------------------------------
+  const S = D.serve || { presets: {}, fields: [], defaults: {} };
+  const SFIELDS = Object.fromEntries(S.fields.map((f) => [f.name, f]));
+  /** The values of a serving expression: the preset's sizes, and the run's numbers in the symbols
+   *  kv_values fills with them (the block as ``block or 1``, as vrammath.inference.serve). */
+  function serveValues(pre, setup, over) {
+    const run = Object.assign({}, setup, over || {});
+    const v = {};
+    for (const [k, x] of Object.entries(pre.values)) v[k] = num(x);
+    for (const [sym, field] of Object.entries(pre.run)) {
+      const value = field === "kv_dtype" ? S.kvBytes[run.kv_dtype] : field === "block" ? run.block || 1 : run[field];
+      v[sym] = num(value);
+    }
+    return v;
+  }
+  /** The library's message for a refused tensor-parallel size, else null. */
+  function tpRefusal(tp, heads) {
+    const fill = (i) => tp.templates[i];
+    return (size) => {
+      const i = size > heads ? tp.big : tp.refused[size];
+      return i === undefined ? null : fill(i).replace("{got}", String(size));
+    };
+  }
+  /** The CLI's message for a fraction in (0, 1] (vrammath.cli's number parser). */
+  function parseFraction(name, text) {
+    const f = SFIELDS[name] || { name };
+    const value = String(text).length <= 40 && /^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/.test(String(text)) ? Number(text) : NaN;
+    if (!(value > 0 && value <= 1)) return { error: `${label(f)}: must be a number in (0, 1] (got ${shown(text)})` };
+    return { value };
+  }
+  function validateServe(setup) {
+    const pre = S.presets[setup.model];
+    if (!pre) return `model: must be one of ${Object.keys(S.presets).join(", ")} (got ${shown(setup.model)})`;
+    for (const f of S.fields) {
+      const value = setup[f.name];
+      if (f.choices.length && !f.choices.includes(value)) {
+        return `${label(f)}: must be one of ${f.choices.join(", ")} (got ${shown(value)})`;
+      }
+      if (f.low !== null && value !== null && value !== undefined) {
+        const got = parseInteger(f.name, value, SFIELDS);
+        if (got.error) return got.error;
+      }
+      if (f.kind === "fraction") {
+        const got = parseFraction(f.name, value);
+        if (got.error) return got.error;
+      }
+    }
+    if (setup.gpu !== null && setup.gpu !== undefined && !(setup.gpu in D.gpus)) {
+      return `gpu: must be one of ${Object.keys(D.gpus).join(", ")} (got ${shown(setup.gpu)})`;
+    }
+    return tpRefusal(pre.tp, pre.heads)(setup.tp);
+  }
+
+  /** vrammath serve MODEL --json's numbers: {components, phases, totals, gpu} or {error}. */
+  function serve(input) {
+    const setup = Object.assign({}, S.defaults, input);
+    const error = validateServe(setup);
+    if (error) return { error };
+    const pre = S.presets[setup.model];
+    const tp = setup.tp > 1 ? 1 : 0;
+    const paged = setup.block === null ? 0 : 1;
+    const [wf, cf] = pre.weights[setup.weights][tp];
+    const v = serveValues(pre, setup);
+    const weights = ceilInt(F[wf](v));
+    const consts = ceilInt(F[cf](v));
+    const kvOf = (batch, context) => floorInt(F[pre.kv[tp][paged]](serveValues(pre, setup, { batch, context })));
+    const kv = kvOf(setup.batch, setup.context);
+    const perToken = floorInt(F[pre.perToken[tp]](serveValues(pre, setup, { batch: 1, context: 1 })));
+    let reserve = 0n;
+    let gpu = null;
+    if (setup.gpu) {
+      // ServeEstimate.reserve_bytes: the library's own float product, truncated
+      const cap = BigInt(D.gpus[setup.gpu]);
+      reserve = cap - BigInt(Math.trunc(Number(cap) * setup.gpu_util));
+      const budget = cap - reserve - weights - consts;
+      const seq = (context) => kvOf(1, context);
+      // ServeEstimate.max_batch and max_context: the same division and bisection
+      const n = BigInt(setup.batch);
+      const limit = S.contextLimit;
+      let maxContext;
+      if (n * seq(1) > budget) maxContext = 0;
+      else if (n * seq(limit) <= budget) maxContext = limit;
+      else {
+        let lo = 1;
+        let hi = limit;
+        while (hi - lo > 1) {
+          const mid = Math.floor((lo + hi) / 2);
+          if (n * seq(mid) <= budget) lo = mid; else hi = mid;
+        }
+        maxContext = lo;
+      }
+      gpu = { name: setup.gpu, bytes: cap.toString(), fits: kv <= budget, kv_budget_bytes: budget.toString(),
+              max_batch_at_context: Number((budget > 0n ? budget : 0n) / seq(setup.context)),
+              max_context_at_batch: maxContext };
+    }
+    const total = weights + consts + kv;
+    const totals = {
+      weights_bytes: weights.toString(),
+      quant_constants_bytes: consts.toString(),
+      kv_cache_bytes: kv.toString(),
+      kv_bytes_per_token: perToken.toString(),
+      reserve_bytes: reserve.toString(),
+      total_bytes: total.toString(),
+      total_with_reserve_bytes: (total + reserve).toString(),
+    };
+    return { model: setup.model, components: { weights: totals.weights_bytes,
+             quant_constants: totals.quant_constants_bytes, kv_cache: totals.kv_cache_bytes },
+             phases: {}, totals, gpu, kvTex: D.tex[pre.kvTex[tp][paged]] };
+  }
+
+  /** The CLI line for a serving setup: every field that differs from its default. */
+  function serveCommand(input) {
+    const setup = Object.assign({}, S.defaults, input);
+    const parts = ["vrammath", "serve", setup.model];
+    for (const f of S.fields) {
+      if (!f.flag) continue;
+      const value = setup[f.name];
+      if (JSON.stringify(value) === JSON.stringify(S.defaults[f.name])) continue;
+      if (f.name === "block" && value === null) { parts.push("--no-paging"); continue; }
+      if (value === null || value === undefined) continue;
+      parts.push(f.flag, String(value));
+    }
+    return parts.join(" ");
+  }
+
+  window.vrammath = { estimate, serve, validate: (s) => validate(withDefaults(s)), validateServe,
+                      cliCommand, serveCommand, parseInteger, parseFraction, data: D, Z, funcs: F };
 })();
 
-/* The form: built from the declared fields (vrammath.fields metadata, shipped as data). */
+/* The page: two forms built from the declared fields (vrammath.fields metadata, shipped as data),
+ * the tables and bars of the engine's results. Display only: every number comes from the engine. */
 (function () {
   "use strict";
   if (typeof document === "undefined") return;  // node: the engine alone (tests)
@@ -288,6 +433,7 @@
   const t0 = performance.now();
   const vm = window.vrammath;
   const D = vm.data;
+  const S = D.serve;
   const el = (tag, attrs, ...kids) => {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -296,177 +442,294 @@
     kids.forEach((kid) => node.append(kid));
     return node;
   };
-  const fmt = (bytes, unit) => {
-    const div = unit === "GB" ? 1e9 : 2 ** 30;
-    return (Number(bytes) / div).toFixed(2) + " " + unit;
-  };
-  const FORM_ORDER = ["model", "gpu", "recipe", "optimizer", "implementation", "zero", "gpus",
+  const fmt = (bytes, unit) => (Number(bytes) / (unit === "GB" ? 1e9 : 2 ** 30)).toFixed(2) + " " + unit;
+  const both = (bytes) => `${fmt(bytes, "GB")} / ${fmt(bytes, "GiB")}`;
+  const TRAIN = ["model", "gpu", "recipe", "optimizer", "implementation", "zero", "gpus", "shard",
     "offload_optimizer", "offload_params", "micro_batch", "seq_len", "attention", "recompute",
-    "tp", "sp", "pp", "schedule", "chunks", "lora_rank", "lora_targets", "quant", "lora_dropout",
-    "activation_model", "iteration", "device"];
-  const fields = Object.fromEntries(D.fields.map((f) => [f.name, f]));
-  const inputs = {};
-  const errors = {};
-  const form = el("form", { class: "vm-form", id: "vm-form" });
-  function control(name) {
-    const f = fields[name];
-    let input;
-    const dflt = D.defaults[name];
-    if (name === "model") {
-      input = el("select", { name });
-      Object.keys(D.presets).forEach((m) => input.append(el("option", { value: m, text: m })));
-      input.value = "llama-7b" in D.presets ? "llama-7b" : Object.keys(D.presets)[0];
-    } else if (f.kind === "switch") {
-      input = el("input", { type: "checkbox", name });
-      input.checked = !!dflt;
-    } else if (name === "gpu" || name === "quant" || f.choices.length || f.kind === "zero" || f.kind === "targets") {
-      const opts = name === "gpu" ? ["", ...Object.keys(D.gpus)]
-        : name === "quant" ? ["", ...f.choices]
-        : f.kind === "zero" ? ["0", "1", "2", "3"]
-        : f.kind === "targets" ? D.targets : f.choices;
-      input = el("select", { name });
-      opts.forEach((o) => input.append(el("option", { value: o, text: o === "" ? "none" : o })));
-      input.value = f.kind === "targets" ? "q,v" : dflt === null ? "" : String(dflt);
-    } else {
-      input = el("input", { type: "text", inputmode: "numeric", name, size: "8" });
-      input.value = dflt === null ? "" : String(dflt);
-      if (name === "lora_rank") input.placeholder = "none";
-    }
-    input.id = "vm-in-" + name;
-    inputs[name] = input;
-    errors[name] = el("span", { class: "vm-field-error", id: "vm-err-" + name });
-    const title = name === "model" ? "preset model" : (f.flag || name);
-    const lab = el("label", { for: input.id, title: f ? f.help : "model preset", text: title });
-    return el("div", { class: "vm-field" }, lab, input, errors[name]);
-  }
-  FORM_ORDER.forEach((name) => form.append(control(name)));
-  const cli = el("code", { id: "vm-cli" });
-  const copy = el("button", { type: "button", id: "vm-copy", text: "copy as CLI command" });
-  const status = el("div", { id: "vm-status", class: "vm-status" });
-  const verdict = el("div", { id: "vm-verdict", class: "vm-verdict" });
-  const table = el("table", { id: "vm-components", class: "vm-table" });
-  const phases = el("div", { id: "vm-phases" });
-  root.append(form, el("div", { class: "vm-cli" }, copy, " ", cli), status, verdict,
-              el("h3", { text: "Components (per GPU, and host for offload)" }), table,
-              el("h3", { text: "Phase peaks: what is live in each phase" }), phases);
+    "keep_outputs", "tp", "sp", "pp", "schedule", "chunks", "lora_rank", "lora_targets", "quant",
+    "lora_dropout", "activation_model", "iteration", "device"];
+  const SERVE = ["model", "gpu", "weights", "kv_dtype", "context", "batch", "tp", "block", "gpu_util"];
+  const GROUP_NAMES = { other: "phase transients" };
+  D.groupSums.forEach(([sym, group, backward]) => {
+    GROUP_NAMES[sym] = backward ? "reduce buffer (backward)" : group.replace(/-/g, " ");
+  });
+  const PART_ORDER = ["other", ...D.groupSums.map(([sym]) => sym)];
 
-  /** The setup the form holds, or {errors: {field: message}}. */
-  function readForm() {
+  /** One form: a control per declared field, an error span beside each. */
+  function makeForm(prefix, order, declared, defaults) {
+    const fields = Object.fromEntries(declared.map((f) => [f.name, f]));
+    const inputs = {};
+    const errors = {};
+    const form = el("form", { class: "vm-form", id: prefix + "form" });
+    for (const name of order) {
+      const f = fields[name] || { name, flag: null, choices: [], kind: "value", help: "" };
+      if (name !== "model" && !(name in fields)) continue;
+      const dflt = defaults[name];
+      let input;
+      if (name === "model") {
+        input = el("select", { name });
+        Object.keys(D.presets).forEach((m) => input.append(el("option", { value: m, text: m })));
+        input.value = "llama-7b" in D.presets ? "llama-7b" : Object.keys(D.presets)[0];
+      } else if (f.kind === "switch") {
+        input = el("input", { type: "checkbox", name });
+        input.checked = !!dflt;
+      } else if (name === "gpu" || name === "quant" || f.choices.length || f.kind === "zero" || f.kind === "targets") {
+        const opts = name === "gpu" ? ["", ...Object.keys(D.gpus)]
+          : name === "quant" ? ["", ...f.choices]
+          : f.kind === "zero" ? ["0", "1", "2", "3"]
+          : f.kind === "targets" ? D.targets : f.choices;
+        input = el("select", { name });
+        opts.forEach((o) => input.append(el("option", { value: o, text: o === "" ? "none" : o })));
+        input.value = f.kind === "targets" ? D.targets[0] : dflt === null ? "" : String(dflt);
+      } else {
+        input = el("input", { type: "text", inputmode: f.kind === "fraction" ? "decimal" : "numeric", name, size: "8" });
+        input.value = dflt === null ? "" : String(dflt);
+        if (name === "lora_rank") input.placeholder = "none";
+        if (name === "block") input.placeholder = "no paging";
+      }
+      input.id = prefix + "in-" + name;
+      inputs[name] = input;
+      errors[name] = el("span", { class: "vm-field-error", id: prefix + "err-" + name });
+      const title = name === "model" ? "preset model" : (f.flag || name);
+      const help = name === "model" ? "a model preset of conf/models" : f.help;
+      form.append(el("div", { class: "vm-field" }, el("label", { for: input.id, title: help, text: title }), input, errors[name]));
+    }
+    return { form, inputs, errors, fields };
+  }
+
+  /** The setup a form holds, or {errors: {field: the CLI's message}}. */
+  function readForm(tab) {
     const setup = {};
     const errs = {};
-    for (const name of FORM_ORDER) {
-      const input = inputs[name];
-      const f = fields[name];
-      if (name === "model") { setup.model = input.value; continue; }
-      if (f.kind === "switch") { setup[name] = input.checked; continue; }
-      if (f.kind === "zero") { setup[name] = Number(input.value); continue; }
-      if (f.kind === "targets") { setup[name] = input.value.split(","); continue; }
-      if (input.tagName === "SELECT") { setup[name] = input.value === "" ? null : input.value; continue; }
-      if (name === "lora_rank" && input.value.trim() === "") { setup[name] = null; continue; }
-      const got = vm.parseInteger(name, input.value);
-      if (got.error) errs[name] = got.error; else setup[name] = got.value;
-    }
-    if (setup.lora_targets && setup.lora_targets.join(",") === "all-linear") {
-      setup.lora_targets = Object.keys(D.targetSets).find((k) => D.targetSets[k] === "all-linear").split(",");
+    for (const [name, input] of Object.entries(tab.inputs)) {
+      const f = tab.fields[name] || {};
+      if (name === "model") setup.model = input.value;
+      else if (f.kind === "switch") setup[name] = input.checked;
+      else if (f.kind === "zero") setup[name] = Number(input.value);
+      else if (f.kind === "targets") setup[name] = (D.targetLists[input.value] || input.value).split(",");
+      else if (input.tagName === "SELECT") setup[name] = input.value === "" ? null : input.value;
+      else if ((name === "lora_rank" || name === "block") && input.value.trim() === "") setup[name] = null;
+      else {
+        const got = f.kind === "fraction" ? vm.parseFraction(name, input.value)
+          : vm.parseInteger(name, input.value, tab.fields);
+        if (got.error) errs[name] = got.error; else setup[name] = got.value;
+      }
     }
     return Object.keys(errs).length ? { errors: errs } : { setup };
   }
-  function fieldOf(message) {
-    const head = message.split(":")[0];
-    return D.fields.find((f) => f.name === head || (f.flag || "").replace(/^--/, "") === head);
+
+  function makeTab(prefix, order, declared, defaults, title) {
+    const tab = makeForm(prefix, order, declared, defaults);
+    tab.cli = el("code", { id: prefix + "cli" });
+    tab.copy = el("button", { type: "button", id: prefix + "copy", class: "vm-copy", text: "copy as CLI command" });
+    tab.status = el("div", { id: prefix + "status", class: "vm-status" });
+    tab.verdict = el("div", { id: prefix + "verdict", class: "vm-verdict" });
+    tab.table = el("table", { id: prefix + "components", class: "vm-table" });
+    tab.bars = el("div", { id: prefix + "phases", class: "vm-bars" });
+    tab.barsTitle = el("h3", { text: "" });
+    tab.panel = el("div", { class: "vm-panel", id: prefix + "panel" }, tab.form,
+      el("div", { class: "vm-cli" }, tab.copy, " ", tab.cli), tab.status, tab.verdict,
+      el("h3", { text: title }), tab.table, tab.barsTitle, tab.bars);
+    tab.copy.addEventListener("click", () => {
+      if (navigator.clipboard) navigator.clipboard.writeText(tab.cli.textContent).catch(() => {});
+      tab.copy.textContent = "copied";
+      setTimeout(() => { tab.copy.textContent = "copy as CLI command"; }, 1500);
+    });
+    return tab;
   }
-  function clear() {
-    table.replaceChildren();
-    phases.replaceChildren();
-    verdict.textContent = "";
-    Object.values(errors).forEach((e) => { e.textContent = ""; });
-    status.textContent = "";
+  const train = makeTab("vm-", TRAIN, D.fields, D.defaults, "Components (per GPU, and host for offload)");
+  const serve = makeTab("vm-sv-", SERVE, S.fields, S.defaults, "Components (per GPU)");
+  train.name = "train";
+  serve.name = "serve";
+  const tabs = { train, serve };
+  const buttons = {
+    train: el("button", { type: "button", id: "vm-tab-train", class: "vm-tab", text: "Training: vrammath estimate" }),
+    serve: el("button", { type: "button", id: "vm-tab-serve", class: "vm-tab", text: "Serving: vrammath serve" }),
+  };
+  root.append(el("div", { class: "vm-tabs", role: "tablist" }, buttons.train, buttons.serve), train.panel, serve.panel);
+  let current = "train";
+  function select(name) {
+    current = name;
+    for (const [k, tab] of Object.entries(tabs)) {
+      tab.panel.hidden = k !== name;
+      buttons[k].classList.toggle("vm-active", k === name);
+    }
   }
-  function showError(message, name) {
-    const f = name ? fields[name] : fieldOf(message);
-    if (f && errors[f.name]) errors[f.name].textContent = message;
-    status.textContent = message;
-    status.className = "vm-status vm-bad";
+
+  function clear(tab) {
+    tab.table.replaceChildren();
+    tab.bars.replaceChildren();
+    tab.barsTitle.textContent = "";
+    tab.verdict.textContent = "";
+    tab.status.textContent = "";
+    tab.cli.textContent = "";
+    Object.values(tab.errors).forEach((e) => { e.textContent = ""; });
   }
-  function writeHash(setup) {
-    const parts = [];
-    for (const [k, v] of Object.entries(setup)) {
-      const dflt = D.defaults[k];
-      if (k !== "model" && JSON.stringify(v) === JSON.stringify(dflt)) continue;
-      parts.push(encodeURIComponent(k) + "=" + encodeURIComponent(Array.isArray(v) ? v.join(",") : v === null ? "" : v));
+  function showError(tab, message, name) {
+    if (!name) {
+      const head = message.split(":")[0];
+      const f = Object.values(tab.fields).find((x) => x.name === head || (x.flag || "").replace(/^--/, "") === head);
+      name = f ? f.name : head === "model" ? "model" : null;
+    }
+    if (name && tab.errors[name]) tab.errors[name].textContent = message;
+    tab.status.textContent = message;
+    tab.status.className = "vm-status vm-bad";
+  }
+  function row(cells, attrs) {
+    return el("tr", attrs || {}, ...cells.map(([text, cls]) => el("td", cls ? { class: cls, text } : { text })));
+  }
+  const header = (names) => el("tr", {}, ...names.map((h) => el("th", { text: h })));
+  function texCell(tex) { return tex ? "\\(" + tex + "\\)" : ""; }
+  /** A horizontal stacked bar: [name, bytes, class] segments over ``top`` bytes. */
+  function stacked(segments, top) {
+    const track = el("div", { class: "vm-track" });
+    segments.forEach(([name, bytes, cls]) => {
+      if (!(bytes > 0)) return;
+      const seg = el("div", { class: "vm-seg " + cls, title: `${name}: ${both(Math.round(bytes))}` });
+      seg.style.width = (100 * bytes / top).toFixed(3) + "%";
+      track.append(seg);
+    });
+    return track;
+  }
+
+  function writeHash() {
+    const tab = tabs[current];
+    const got = readForm(tab);
+    if (got.errors) return;
+    const defaults = current === "train" ? D.defaults : S.defaults;
+    const parts = current === "serve" ? ["tab=serve"] : [];
+    for (const [k, v] of Object.entries(got.setup)) {
+      if (k !== "model" && JSON.stringify(v) === JSON.stringify(defaults[k])) continue;
+      const text = Array.isArray(v) ? v.join(",") : v === null ? "" : String(v);
+      parts.push(encodeURIComponent(k) + "=" + encodeURIComponent(text));
     }
     history.replaceState(null, "", "#" + parts.join("&"));
   }
   function readHash() {
     const text = location.hash.replace(/^#/, "");
-    if (!text) return;
-    for (const part of text.split("&")) {
-      const [k, raw] = part.split("=").map(decodeURIComponent);
-      const input = inputs[k];
-      if (!input) continue;
+    const pairs = text ? text.split("&").map((part) => part.split("=").map(decodeURIComponent)) : [];
+    const tabName = (pairs.find(([k]) => k === "tab") || [null, "train"])[1] === "serve" ? "serve" : "train";
+    select(tabName);
+    for (const [k, raw] of pairs) {
+      const input = tabs[tabName].inputs[k];
+      if (!input || raw === undefined) continue;
       if (input.type === "checkbox") input.checked = raw === "true";
       else if (k === "lora_targets") input.value = D.targetSets[raw] || raw;
       else input.value = raw;
     }
   }
-  function render() {
-    clear();
-    const got = readForm();
+
+  function renderTrain() {
+    const tab = train;
+    clear(tab);
+    const got = readForm(tab);
     if (got.errors) {
-      for (const [name, msg] of Object.entries(got.errors)) showError(msg, name);
+      for (const [name, msg] of Object.entries(got.errors)) showError(tab, msg, name);
       return null;
     }
-    const setup = got.setup;
-    cli.textContent = vm.cliCommand(setup);
-    writeHash(setup);
-    const est = vm.estimate(setup);
-    if (est.error) { showError(est.error); return null; }
-    status.className = "vm-status vm-ok";
-    status.textContent = `peak per GPU: ${fmt(est.totals.gpu_bytes, "GB")} / ${fmt(est.totals.gpu_bytes, "GiB")} (${est.totals.peak_phase})`;
+    tab.cli.textContent = vm.cliCommand(got.setup);
+    const est = vm.estimate(got.setup);
+    if (est.error) { showError(tab, est.error); return null; }
+    tab.status.className = "vm-status vm-ok";
+    tab.status.textContent = `peak per GPU: ${both(est.totals.gpu_bytes)} (${est.totals.peak_phase})`;
+    const lines = [];
     if (est.gpu) {
       const free = BigInt(est.gpu.bytes) - BigInt(est.totals.gpu_bytes);
-      const abs = free < 0n ? -free : free;
-      verdict.textContent = `${est.gpu.name} (${fmt(est.gpu.bytes, "GB")} / ${fmt(est.gpu.bytes, "GiB")}): ` +
-        (est.gpu.fits ? "fits, headroom " : "does NOT fit, short by ") + `${fmt(abs, "GB")} / ${fmt(abs, "GiB")}`;
-      verdict.className = "vm-verdict " + (est.gpu.fits ? "vm-ok" : "vm-bad");
+      lines.push([`${est.gpu.name} (${both(est.gpu.bytes)}): ` + (est.gpu.fits ? "fits, headroom " : "does NOT fit, short by ") +
+        both(free < 0n ? -free : free), est.gpu.fits]);
     }
-    table.append(el("tr", {}, ...["component", "device", "GB (1e9 B)", "GiB (2^30 B)", "formula"].map((h) => el("th", { text: h }))));
+    if (est.host && est.totals.cpu_bytes !== "0") {
+      const h = est.host;
+      const text = `host: ${both(h.per_rank_bytes)} per rank x ${h.ranks_per_node} rank(s) per node = ${both(h.need_bytes)}`;
+      lines.push([h.limit_bytes === null ? text + " (not checked: no node preset holds this GPU)"
+        : `${text} of ${both(h.limit_bytes)} (${h.node}): ${h.fits ? "fits" : "does NOT fit"}`, h.fits !== false]);
+    }
+    tab.verdict.replaceChildren(...lines.map(([text, ok]) => el("div", { class: ok ? "vm-ok" : "vm-bad", text })));
+    tab.table.append(header(["component", "device", "GB (1e9 B)", "GiB (2^30 B)", "formula"]));
     for (const c of est.detail) {
-      table.append(el("tr", { "data-key": c.key },
-        el("td", { text: c.label }), el("td", { text: c.device }),
-        el("td", { class: "vm-num", text: fmt(c.bytes, "GB") }), el("td", { class: "vm-num", text: fmt(c.bytes, "GiB") }),
-        el("td", { class: "vm-tex", text: "\\(" + c.tex + "\\)" })));
+      tab.table.append(row([[c.label], [c.device], [fmt(c.bytes, "GB"), "vm-num"], [fmt(c.bytes, "GiB"), "vm-num"],
+        [texCell(c.tex), "vm-tex"]], { "data-key": c.key }));
     }
+    tab.table.append(row([[`peak per GPU (${est.totals.peak_phase})`], ["gpu"], [fmt(est.totals.gpu_bytes, "GB"), "vm-num"],
+      [fmt(est.totals.gpu_bytes, "GiB"), "vm-num"], [""]], { class: "vm-total" }));
     if (est.totals.cpu_bytes !== "0") {
-      table.append(el("tr", {}, el("td", { text: "total CPU per rank" }), el("td", { text: "cpu" }),
-        el("td", { class: "vm-num", text: fmt(est.totals.cpu_bytes, "GB") }),
-        el("td", { class: "vm-num", text: fmt(est.totals.cpu_bytes, "GiB") }), el("td")));
+      tab.table.append(row([["total CPU per rank"], ["cpu"], [fmt(est.totals.cpu_bytes, "GB"), "vm-num"],
+        [fmt(est.totals.cpu_bytes, "GiB"), "vm-num"], [""]], { class: "vm-total" }));
     }
-    // bars: each phase's peak, beside the group totals live in the iteration
+    tab.barsTitle.textContent = "Phase peaks: what is live at each phase's peak";
     const top = Math.max(...Object.values(est.phases).map(Number), est.gpu ? Number(est.gpu.bytes) : 0, 1);
-    const names = Object.fromEntries(D.groupSums.map(([sym]) => [sym, sym.replace(/^G_/, "").replace(/_/g, " ")]));
     for (const [name, bytes] of Object.entries(est.phases)) {
-      const bar = el("div", { class: "vm-bar" + (name === est.totals.peak_phase ? " vm-peak" : "") });
-      bar.style.width = (100 * Number(bytes) / top).toFixed(2) + "%";
-      phases.append(el("div", { class: "vm-phase", "data-phase": name },
-        el("span", { class: "vm-phase-name", text: name }), el("div", { class: "vm-track" }, bar),
-        el("span", { class: "vm-num", text: `${fmt(bytes, "GB")} / ${fmt(bytes, "GiB")}` })));
+      const parts = est.phaseParts[name].map(([k, x], i) => [GROUP_NAMES[k], x, "vm-seg-" + PART_ORDER.indexOf(k)]);
+      const track = stacked(parts, top);
+      if (est.gpu) {
+        const cap = el("div", { class: "vm-cap", title: est.gpu.name });
+        cap.style.left = (100 * Number(est.gpu.bytes) / top).toFixed(3) + "%";
+        track.append(cap);
+      }
+      tab.bars.append(el("div", { class: "vm-phase" + (name === est.totals.peak_phase ? " vm-peak" : ""), "data-phase": name },
+        el("span", { class: "vm-phase-name", text: name.replace(/_/g, " ") }), track,
+        el("span", { class: "vm-num", text: both(bytes) })));
     }
-    const groups = el("div", { class: "vm-groups" }, el("span", { class: "vm-phase-name", text: "group totals" }));
-    const track = el("div", { class: "vm-track" });
-    D.groupSums.forEach(([sym], i) => {
-      const g = est.phaseGroups[sym];
-      const x = Number(g.n) / Number(g.d);
-      if (x <= 0) return;
-      const seg = el("div", { class: "vm-seg vm-seg-" + i, title: `${names[sym]}: ${fmt(Math.ceil(x), "GB")}` });
-      seg.style.width = (100 * x / top).toFixed(2) + "%";
-      track.append(seg);
-    });
-    groups.append(track, el("span", { class: "vm-legend", text: Object.values(names).join(" · ") }));
-    phases.append(groups);
-    typeset(table);
+    const legend = el("div", { class: "vm-legend" });
+    PART_ORDER.forEach((k, i) => legend.append(el("span", { class: "vm-key" }, el("i", { class: "vm-seg-" + i }), " " + GROUP_NAMES[k])));
+    if (est.gpu) legend.append(el("span", { class: "vm-key" }, el("i", { class: "vm-cap-key" }), " " + est.gpu.name));
+    tab.bars.append(legend);
     return est;
   }
+
+  function renderServe() {
+    const tab = serve;
+    clear(tab);
+    const got = readForm(tab);
+    if (got.errors) {
+      for (const [name, msg] of Object.entries(got.errors)) showError(tab, msg, name);
+      return null;
+    }
+    tab.cli.textContent = vm.serveCommand(got.setup);
+    const est = vm.serve(got.setup);
+    if (est.error) { showError(tab, est.error); return null; }
+    const s = Object.assign({}, S.defaults, got.setup);
+    const t = est.totals;
+    tab.status.className = "vm-status vm-ok";
+    tab.status.textContent = `weights + KV cache per GPU: ${both(t.total_bytes)}`;
+    if (est.gpu) {
+      const g = est.gpu;
+      const use = Math.round(s.gpu_util * 100);
+      tab.verdict.replaceChildren(
+        el("div", { class: g.fits ? "vm-ok" : "vm-bad", text: `${g.name} (${both(g.bytes)}), ${use}% for weights + KV: ` +
+          (g.fits ? "fits" : "does NOT fit") + `; KV budget ${both(g.kv_budget_bytes)}` }),
+        el("div", { id: "vm-sv-max", text: `at ${s.context} tokens: at most ${g.max_batch_at_context} sequences; ` +
+          `for ${s.batch} sequence(s): at most ${g.max_context_at_batch} tokens each` }));
+    }
+    tab.table.append(header(["component", "GB (1e9 B)", "GiB (2^30 B)", "formula"]));
+    const rows = [
+      ["weights", `weights (${s.weights}, per GPU)`, t.weights_bytes, ""],
+      ["quant_constants", "quantization constants", t.quant_constants_bytes, ""],
+      ["kv_cache", `KV cache (${s.batch} x ${s.context} tokens, ${s.kv_dtype})`, t.kv_cache_bytes, est.kvTex],
+    ];
+    if (est.gpu) rows.push(["reserve", `runtime reserve (${Math.round((1 - s.gpu_util) * 100)}% of the GPU)`, t.reserve_bytes, ""]);
+    for (const [key, label, bytes, tex] of rows) {
+      tab.table.append(row([[label], [fmt(bytes, "GB"), "vm-num"], [fmt(bytes, "GiB"), "vm-num"], [texCell(tex), "vm-tex"]], { "data-key": key }));
+    }
+    tab.table.append(row([["weights + KV cache per GPU"], [fmt(t.total_bytes, "GB"), "vm-num"], [fmt(t.total_bytes, "GiB"), "vm-num"], [""]], { class: "vm-total" }));
+    tab.barsTitle.textContent = "The GPU: weights, KV cache and the runtime reserve";
+    const top = Math.max(Number(t.total_with_reserve_bytes), est.gpu ? Number(est.gpu.bytes) : 0, 1);
+    const track = stacked([["weights", Number(t.weights_bytes), "vm-seg-1"], ["quantization constants", Number(t.quant_constants_bytes), "vm-seg-2"],
+      ["KV cache", Number(t.kv_cache_bytes), "vm-seg-4"], ["runtime reserve", Number(t.reserve_bytes), "vm-seg-0"]], top);
+    if (est.gpu) {
+      const cap = el("div", { class: "vm-cap", title: est.gpu.name });
+      cap.style.left = (100 * Number(est.gpu.bytes) / top).toFixed(3) + "%";
+      track.append(cap);
+    }
+    tab.bars.append(el("div", { class: "vm-phase" }, el("span", { class: "vm-phase-name", text: "per GPU" }), track,
+      el("span", { class: "vm-num", text: both(t.total_with_reserve_bytes) })));
+    const legend = el("div", { class: "vm-legend" });
+    [["vm-seg-1", "weights"], ["vm-seg-2", "quantization constants"], ["vm-seg-4", "KV cache"], ["vm-seg-0", "runtime reserve"]]
+      .forEach(([cls, text]) => legend.append(el("span", { class: "vm-key" }, el("i", { class: cls }), " " + text)));
+    tab.bars.append(legend);
+    return est;
+  }
+
   // MathJax loads after this script: typeset the formulas once it has started
   function typeset(node) {
     const mj = window.MathJax;
@@ -476,17 +739,23 @@
       setTimeout(() => { if (document.contains(node)) typeset(node); }, 200);
     }
   }
-  form.addEventListener("input", render);
-  form.addEventListener("change", render);
-  copy.addEventListener("click", () => {
-    const text = cli.textContent;
-    if (navigator.clipboard) navigator.clipboard.writeText(text).catch(() => {});
-    copy.textContent = "copied";
-    setTimeout(() => { copy.textContent = "copy as CLI command"; }, 1500);
-  });
+  function render() {
+    const est = current === "train" ? renderTrain() : renderServe();
+    writeHash();
+    typeset(tabs[current].table);
+    return est;
+  }
+  for (const tab of [train, serve]) {
+    tab.form.addEventListener("input", render);
+    tab.form.addEventListener("change", render);
+    tab.form.addEventListener("submit", (e) => e.preventDefault());
+  }
+  for (const name of ["train", "serve"]) buttons[name].addEventListener("click", () => { select(name); render(); });
+  window.addEventListener("hashchange", () => { readHash(); render(); });
   readHash();
   render();
   window.vrammath.render = render;
+  window.vrammath.select = select;
   window.vrammath.firstRenderMs = performance.now() - t0;
   window.vrammath.firstRenderAt = performance.now();  // since navigation start
 })();

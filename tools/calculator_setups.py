@@ -1,0 +1,253 @@
+"""The setups the calculator's generator enumerates (tools/calculator_build.py).
+
+A *feature* is a discrete fact of a setup the page reads generically: a field's value, whether a
+number field is above 1 (``tp>1``), or whether an optional field is set (``lora``).
+:func:`make_setup` turns feature values into a valid :class:`vrammath.setup.Setup` (the other
+features at their defaults or, where the library refuses those, at a repaired choice), or the
+library's message; :func:`invalid_pairs` and :func:`numeric_messages` collect the library's
+refusals the page repeats.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from vrammath.errors import InputError
+from vrammath.setup import SHARDS, Setup
+from vrammath.vocab import (
+    ACTIVATION_MODELS,
+    ATTENTIONS,
+    DEVICES,
+    IMPLEMENTATIONS,
+    ITERATIONS,
+    OPTIMIZERS,
+    QUANTS,
+    RECIPE_NAMES,
+    RECOMPUTES,
+    SCHEDULES,
+)
+
+#: LoRA target sets the calculator offers (others: the CLI).
+TARGET_CHOICES = ("q,v", "q,k,v,o", "all-linear")
+# A feature is a discrete fact of a setup the page reads generically: a field's value, or
+# whether a number field is above 1 ("tp>1"), or whether an optional field is set ("lora").
+FEATURES: dict[str, tuple[Any, ...]] = {
+    "recipe": RECIPE_NAMES,
+    "optimizer": OPTIMIZERS,
+    "implementation": IMPLEMENTATIONS,
+    "zero": (0, 1, 2, 3),
+    "offload_optimizer": (False, True),
+    "offload_params": (False, True),
+    "sp": (False, True),
+    "attention": ATTENTIONS,
+    "recompute": RECOMPUTES,
+    "activation_model": ACTIVATION_MODELS,
+    "tp>1": (False, True),
+    "pp>1": (False, True),
+    "schedule": SCHEDULES,
+    "lora": (False, True),
+    "lora_targets": TARGET_CHOICES,
+    "quant": (None, *QUANTS),
+    "lora_dropout": (False, True),
+    "iteration": ITERATIONS,
+    "device": DEVICES,
+    "shard": SHARDS,
+    "keep_outputs": (False, True),
+}
+DEFAULTS: dict[str, Any] = {
+    "recipe": "bf16-mixed",
+    "optimizer": "adamw",
+    "implementation": "foreach",
+    "zero": 0,
+    "offload_optimizer": False,
+    "offload_params": False,
+    "sp": False,
+    "attention": "sdpa",
+    "recompute": "none",
+    "activation_model": "auto",
+    "tp>1": False,
+    "pp>1": False,
+    "schedule": "1f1b",
+    "lora": False,
+    "lora_targets": "q,v",
+    "quant": None,
+    "lora_dropout": False,
+    "iteration": "steady",
+    "device": "cuda",
+    "shard": "flat",
+    "keep_outputs": False,
+}
+# where a feature's relevance shows: the defaults, and these changes to them
+PROBES: tuple[dict[str, Any], ...] = (
+    {},
+    {"lora": True},
+    {"lora": True, "quant": "nf4"},
+    {"lora": True, "recompute": "full"},
+    {"zero": 3},
+    {"zero": 2, "offload_optimizer": True},
+    {"zero": 3, "offload_optimizer": True, "offload_params": True},
+    {"tp>1": True},
+    {"pp>1": True, "tp>1": True, "sp": True},
+    {"recompute": "full"},
+    {"attention": "eager"},
+    {"device": "cpu"},
+    {"recipe": "fp32"},
+    {"recipe": "autocast-bf16", "recompute": "full"},
+    {"implementation": "for-loop"},
+    {"optimizer": "adam8bit"},
+    {"optimizer": "adafactor", "implementation": "for-loop"},
+    {"lora": True, "optimizer": "adam8bit", "lora_targets": "all-linear"},
+    {"lora": True, "recipe": "fp32", "quant": "int8", "lora_dropout": True},
+    {"pp>1": True, "implementation": "for-loop", "optimizer": "adafactor"},
+    {"zero": 2, "offload_optimizer": True, "optimizer": "adafactor", "implementation": "for-loop"},
+    {"zero": 3, "offload_optimizer": True, "optimizer": "adam8bit", "recipe": "fp32"},
+    {"zero": 3, "shard": "dim0"},
+    {"zero": 1, "shard": "dim0", "offload_optimizer": True},
+    {"keep_outputs": True},
+    {"keep_outputs": True, "recompute": "full", "lora": True},
+)
+
+
+def smallest_tp(spec: Any) -> int | None:
+    """The smallest tensor-parallel size above 1 the model accepts (divides both head counts)."""
+    return next(
+        (t for t in range(2, spec.heads + 1) if spec.heads % t == 0 and spec.kv_heads % t == 0),
+        None,
+    )
+
+
+REPAIRS: tuple[dict[str, Any], ...] = (
+    {},
+    {"lora": True},
+    {"zero": 3},
+    {"zero": 2},
+    {"tp>1": True},
+    {"pp>1": True},
+    {"lora": False, "quant": None},
+    {"recompute": "selective"},
+    {"activation_model": "korthikanti"},
+)
+
+
+def _setup_kwargs(spec: Any, f: dict[str, Any]) -> dict[str, Any] | None:
+    kw: dict[str, Any] = {
+        k: f[k]
+        for k in (
+            "recipe",
+            "optimizer",
+            "implementation",
+            "zero",
+            "offload_optimizer",
+            "offload_params",
+            "sp",
+            "attention",
+            "recompute",
+            "activation_model",
+            "schedule",
+            "quant",
+            "lora_dropout",
+            "iteration",
+            "device",
+            "shard",
+            "keep_outputs",
+        )
+    }
+    kw["gpus"] = 8
+    if f["tp>1"]:
+        tp = smallest_tp(spec)
+        if tp is None:
+            return None
+        kw["tp"] = tp
+    if f["pp>1"]:
+        kw["pp"] = 2
+    if f["schedule"] == "interleaved":
+        kw["chunks"] = 2
+    if f["lora"]:
+        kw["lora_rank"] = 8
+        kw["lora_targets"] = f["lora_targets"]
+    elif f["lora_targets"] != DEFAULTS["lora_targets"]:
+        kw["lora_targets"] = f["lora_targets"]
+    return kw
+
+
+def make_setup(
+    spec: Any, feats: dict[str, Any], *, repair: bool = True, pairs: bool = False
+) -> Setup | str:
+    """A valid Setup with these feature values, the others at their defaults or, where the
+    defaults refuse it, at a repaired choice; else the library's message for the first try."""
+    first = ""
+    # single repairs first, then pairs of them (sp needs tp > 1, offload needs a ZeRO stage)
+    changes = list(REPAIRS)
+    if pairs:
+        changes += [{**x, **y} for x, y in itertools.combinations(REPAIRS[1:], 2)]
+    for change in changes if repair else [{}]:
+        f = {**DEFAULTS, **{k: v for k, v in change.items() if k not in feats}, **feats}
+        kw = _setup_kwargs(spec, f)
+        if kw is None:
+            first = first or "tp: the model has no tensor-parallel size above 1"
+            continue
+        try:
+            return Setup(spec, **kw)
+        except InputError as err:
+            first = first or str(err)
+    return first
+
+
+def setup_tp(spec: Any, tp: int) -> Setup:
+    return Setup(spec, tp=tp)
+
+
+#: The features a Setup attribute stands for (numbers enter as symbols; their size as "> 1").
+FEATURES_OF_FIELD: dict[str, tuple[str, ...]] = {
+    **{name: (name,) for name in FEATURES},
+    "tp": ("tp>1",),
+    "pp": ("pp>1",),
+    "lora_rank": ("lora",),
+    "activation_formula": ("activation_model", "tp>1", "pp>1", "recompute"),
+    "chunks": ("schedule",),
+}
+
+
+def invalid_pairs(spec: Any) -> dict[str, str]:
+    """The library's refusals of single feature values and of pairs of them (the others at
+    their defaults, or repaired): ``"f=v"`` or ``"f=v&g=w"`` -> the message."""
+    out: dict[str, str] = {}
+    items = [(f, v) for f, values in FEATURES.items() for v in values]
+    for f, v in items:
+        got = make_setup(spec, {f: v}, pairs=True)
+        if isinstance(got, str):
+            out[f"{f}={json.dumps(v)}"] = got
+    names = list(FEATURES)
+    for (f, v), (g, w) in itertools.combinations(items, 2):
+        if f == g or names.index(f) > names.index(g):
+            continue
+        one, two = f"{f}={json.dumps(v)}", f"{g}={json.dumps(w)}"
+        if one in out or two in out:
+            continue
+        got = make_setup(spec, {f: v, g: w}, pairs=True)
+        if isinstance(got, str):
+            out[f"{one}&{two}"] = got
+    return out
+
+
+def _refusal(spec: Any, **kw: Any) -> str:
+    try:
+        Setup(spec, **kw)
+    except InputError as err:
+        return str(err)
+    raise AssertionError(f"accepted {kw}")
+
+
+def numeric_messages(spec: Any) -> dict[str, Any]:
+    """The library's messages for numbers checked against the model, ``{got}`` for the value."""
+    big_pp, big_chunks = spec.layers + 1, spec.layers
+    return {
+        "ppBig": _refusal(spec, pp=big_pp).replace(f"(got {big_pp})", "(got {got})"),
+        "chunksOne": _refusal(spec, pp=2, schedule="interleaved", chunks=1),
+        "chunksBig": _refusal(spec, pp=2, schedule="interleaved", chunks=big_chunks).replace(
+            f"(got {big_chunks})", "(got {got})"
+        ),
+        "chunksUnused": _refusal(spec, chunks=2).replace("(got 2)", "(got {got})"),
+    }
