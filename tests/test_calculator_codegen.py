@@ -27,11 +27,11 @@ NODE = shutil.which("node")
 
 def test_printer_emits_exact_calls() -> None:
     js = calculator_printer.js_function(sympy.Max(2 * P / N_d, sympy.Rational(3, 2) * b * s**2))
-    assert js.startswith("(v)=>Z.max(")
-    for part in ('Z.q("3","2")', 'Z.pow(v["s"],2)', 'v["N_d"]'):
+    assert js.startswith("v=>x(")
+    for part in ("q(3,2)", "p(v.s,2)", "v.N_d"):
         assert part in js
     assert "Math" not in js
-    assert "/" not in js.removeprefix("(v)=>")
+    assert "/" not in js.removeprefix("v=>")
 
 
 def test_printer_refuses_what_it_cannot_do_exactly() -> None:
@@ -41,9 +41,9 @@ def test_printer_refuses_what_it_cannot_do_exactly() -> None:
 
 def _node_values(exprs: list[sympy.Expr], values: dict[sympy.Symbol, int]) -> list[str]:
     """Each expression's ceiling at ``values``, computed by node on calculator.js's rationals."""
-    funcs = ",\n".join(calculator_printer.js_function(e) for e in exprs)
+    funcs = [calculator_printer.js_function(e) for e in exprs]
     script = f"""
-globalThis.window = {{VRAMMATH_DATA: {{funcs: (Z) => [{funcs}]}}}};
+globalThis.window = {{VRAMMATH_DATA: {{funcs: {calculator_printer.funcs_script(funcs)}}}}};
 {ENGINE.read_text()}
 const vm = window.vrammath, Z = vm.Z;
 const v = {json.dumps({str(k): str(x) for k, x in values.items()})};

@@ -28,7 +28,7 @@ from typing import Any, cast
 from unittest import mock
 
 import sympy
-from calculator_printer import Pool, js_function
+from calculator_printer import Pool, funcs_script, js_function
 from calculator_serve import serve_data, tp_messages
 from calculator_setups import (
     FEATURES,
@@ -91,14 +91,19 @@ RUN_SYMBOLS = {
 }
 
 
-def phase_exprs(setup: Setup, on_groups: Callable[[], None] | None = None) -> dict[str, Any]:
+def phase_exprs(
+    setup: Setup,
+    on_groups: Callable[[], None] | None = None,
+    zeros: frozenset[sympy.Symbol] = frozenset(),
+) -> dict[str, Any]:
     """The phase peaks of ``setup`` in the group totals' symbols: the library's own estimate,
-    its group sums replaced by symbols (``on_groups`` is called when the rows are summed)."""
+    its group sums replaced by symbols (those in ``zeros`` by 0; ``on_groups`` is called when
+    the rows are summed)."""
 
     def groups(built: Any) -> Groups:
         if on_groups is not None:
             on_groups()
-        return Groups(*GROUP_SYMBOLS)
+        return Groups(*(sympy.S.Zero if g in zeros else g for g in GROUP_SYMBOLS))
 
     # the rows only feed the group totals, which are symbols here: build none of them
     with (
@@ -106,6 +111,16 @@ def phase_exprs(setup: Setup, on_groups: Callable[[], None] | None = None) -> di
         mock.patch.object(est_mod, "_built", return_value=sympy.S.Zero),
     ):
         return dict(est_mod.estimate(setup).phase_exprs)
+
+
+def _same(one: sympy.Expr, two: sympy.Expr) -> bool:
+    """Whether two expressions agree at two points (every symbol a different integer)."""
+    names = sorted(one.free_symbols | two.free_symbols, key=str)
+    for base in (1009, 7919):
+        point = {x: sympy.Integer(base + 37 * i) for i, x in enumerate(names)}
+        if (one - two).xreplace(point) != 0:
+            return False
+    return True
 
 
 def built_row(term: Any, ctx: Context) -> Any:
@@ -318,7 +333,28 @@ def _build() -> dict[str, Any]:
     def encode_phases(got: Any, setup: Setup) -> int:
         if got[0] == "err":
             return refused(got[1])
-        return variant(*(funcs.add(_js(e)) for e in got))
+        return phase_code(setup, frozenset(), frozenset())
+
+    def phase_code(setup: Setup, zeros: frozenset[Any], nonzero: frozenset[Any]) -> int:
+        # a phase model may treat an empty group apart (vrammath.peak: a loop that keeps no
+        # output adds nothing): where putting 0 in for a group's symbol is not the phases with
+        # the group 0, the entry splits on it, ["z", group index, code if 0, code if not]
+        exprs = phase_exprs(setup, zeros=zeros)
+        for i, sym in enumerate(GROUP_SYMBOLS):
+            if sym in zeros or sym in nonzero:
+                continue
+            empty = phase_exprs(setup, zeros=zeros | {sym})
+            if not all(_same(exprs[k].xreplace({sym: 0}), empty[k]) for k in PHASES):
+                return variant_of(
+                    "z",
+                    i,
+                    phase_code(setup, zeros | {sym}, nonzero),
+                    phase_code(setup, zeros, nonzero | {sym}),
+                )
+        return variant(*(funcs.add(_js(exprs[k])) for k in PHASES))
+
+    def variant_of(*parts: Any) -> int:
+        return 1 + entries.add(json.dumps(parts))
 
     # per row and class of presets, a decision tree over the features the row reads (see
     # grow): a leaf 0 = the row is absent, k > 0 = entries[k - 1], k < 0 = the library's
@@ -339,7 +375,21 @@ def _build() -> dict[str, Any]:
                 )
         variants[key] = per_rep
         _progress(f"tree {key}: {len(per_rep)} classes")
-    invalid = {rep: invalid_pairs(specs[rep]) for rep in reps}
+    # the trees as a graph: each distinct subtree once, in nodes, referred to as [index]
+    nodes = Pool()
+
+    def shared(tree: Any) -> Any:
+        if not isinstance(tree, list):
+            return tree
+        node = [tree[0], [shared(kid) for kid in tree[1]]]
+        return [nodes.add(json.dumps(node, separators=(",", ":")))]
+
+    variants = {key: {rep: shared(t) for rep, t in per.items()} for key, per in variants.items()}
+    # the library's refusals of feature pairs, each message by its index in messages
+    invalid = {
+        rep: {pair: messages.add(msg) for pair, msg in invalid_pairs(specs[rep]).items()}
+        for rep in reps
+    }
     _progress("refused pairs")
     presets = {}
     for name, spec in specs.items():
@@ -421,6 +471,7 @@ def _build() -> dict[str, Any]:
         "groups": [str(sym) for sym in GROUP_SYMBOLS],
         "stateGroups": list(STATE_GROUPS),
         "variants": variants,
+        "nodes": [json.loads(n) for n in nodes.items],
         "rowClass": row_class,
         "labels": labels.items,
         "messages": messages.items,
@@ -439,7 +490,7 @@ def write(out: Path = OUT) -> int:
     funcs = data.pop("funcs")
     body = (
         "window.VRAMMATH_DATA=" + json.dumps(data, separators=(",", ":")) + ";\n"
-        "window.VRAMMATH_DATA.funcs=(function(Z){return[\n" + ",\n".join(funcs) + "];});\n"
+        "window.VRAMMATH_DATA.funcs=" + funcs_script(funcs) + ";\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(body)

@@ -12,52 +12,72 @@ import json
 
 import sympy
 
-_RELATIONS = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}
-#: sympy functions and the page's exact counterparts (``Z.name(args...)``)
+_RELATIONS = {">=": "Z.ge", ">": "Z.gt", "<=": "Z.le", "<": "Z.lt", "==": "Z.eq", "!=": "Z.ne"}
+#: sympy functions and the page's exact counterparts, by the short names :func:`funcs_script`
+#: binds (``m`` is ``Z.mul``, ...): the data holds hundreds of expressions
 _CALLS: dict[type, str] = {
-    sympy.Add: "add",
-    sympy.Mul: "mul",
-    sympy.Max: "max",
-    sympy.Min: "min",
-    sympy.ceiling: "ceil",
-    sympy.floor: "floor",
-    sympy.KroneckerDelta: "delta",
+    sympy.Add: "a",
+    sympy.Mul: "m",
+    sympy.Max: "x",
+    sympy.Min: "n",
+    sympy.ceiling: "c",
+    sympy.floor: "f",
+    sympy.KroneckerDelta: "k",
 }
+_SHORT = {"q": "q", "a": "add", "m": "mul", "p": "pow", "x": "max", "n": "min", "c": "ceil",
+          "f": "floor", "k": "delta", "w": "pw"}  # fmt: skip
+_SAFE = 2**53  # integers below it are exact as JavaScript numbers
+
+
+def _number(n: int) -> str:
+    return str(n) if abs(n) < _SAFE else f'"{n}"'
 
 
 def exact_js(expr: sympy.Basic) -> str:
-    """``expr`` as JavaScript on the page's exact rationals: ``Z.add``, ``Z.mul``, ``Z.pow``,
-    ``Z.ceil``, ``Z.floor``, ``Z.max``, ``Z.min``, ``Z.delta``, ``Z.pw`` (Piecewise) and the
-    relations ``Z.ge`` ...; integers and rationals as ``Z.q("p","q")``; a symbol ``x`` as
-    ``v["x"]``. Only arithmetic: the expression decides everything. Anything else (a square
-    root, a float) raises ValueError."""
+    """``expr`` as JavaScript on the page's exact rationals ``Z`` (``docs/_static/calculator.js``):
+    ``a`` (add), ``m`` (mul), ``p`` (pow), ``c`` (ceil), ``f`` (floor), ``x`` (max), ``n`` (min),
+    ``k`` (Kronecker delta), ``w`` (Piecewise) and the relations ``Z.ge`` ...; an integer as a
+    number (a decimal string past 2**53), a rational as ``q(p,q)``; a symbol ``x`` as ``v.x``.
+    Only arithmetic: the expression decides everything. Anything else (a square root, a float)
+    raises ValueError.
+
+    >>> exact_js(sympy.ceiling(sympy.Symbol("h") / 256) * 3)
+    'm(3,c(m(q(1,256),v.h)))'
+    """
     if isinstance(expr, sympy.Symbol):
-        return f"v[{json.dumps(expr.name)}]"
+        name = expr.name
+        return f"v.{name}" if name.isidentifier() else f"v[{json.dumps(name)}]"
     if isinstance(expr, sympy.Integer):
-        return f'Z.q("{int(expr)}")'
+        return _number(int(expr))
     if isinstance(expr, sympy.Rational):
-        return f'Z.q("{expr.p}","{expr.q}")'
+        return f"q({_number(expr.p)},{_number(expr.q)})"
     if expr is sympy.true or expr is sympy.false:
         return "true" if expr is sympy.true else "false"
     if isinstance(expr, sympy.Pow):
         base, exp = expr.args
         if not exp.is_Integer:
             raise ValueError(f"not exact: {expr}")
-        return f"Z.pow({exact_js(base)},{int(exp)})"
+        return f"p({exact_js(base)},{int(exp)})"
     if isinstance(expr, sympy.Piecewise):
-        return "Z.pw(" + ",".join(f"[{exact_js(c)},{exact_js(e)}]" for e, c in expr.args) + ")"
+        return "w(" + ",".join(f"[{exact_js(c)},{exact_js(e)}]" for e, c in expr.args) + ")"
     if isinstance(expr, sympy.core.relational.Relational):
         name = _RELATIONS[expr.rel_op]
     else:
         name = next((js for cls, js in _CALLS.items() if isinstance(expr, cls)), "")
     if not name:
         raise ValueError(f"cannot compile {type(expr).__name__}: {expr}")
-    return f"Z.{name}(" + ",".join(exact_js(a) for a in expr.args) + ")"
+    return f"{name}(" + ",".join(exact_js(a) for a in expr.args) + ")"
 
 
 def js_function(expr: sympy.Expr) -> str:
     """``expr`` as a JavaScript arrow function of the values ``v``."""
-    return "(v)=>" + exact_js(sympy.sympify(expr))
+    return "v=>" + exact_js(sympy.sympify(expr))
+
+
+def funcs_script(funcs: list[str]) -> str:
+    """A JavaScript function of ``Z`` returning the compiled functions, the short names bound."""
+    names = ",".join(f"{short}=Z.{long}" for short, long in _SHORT.items())
+    return "(function(Z){const " + names + ";return[\n" + ",\n".join(funcs) + "];})"
 
 
 class Pool:

@@ -107,6 +107,14 @@ PROBES: tuple[dict[str, Any], ...] = (
     {"zero": 1, "shard": "dim0", "offload_optimizer": True},
     {"keep_outputs": True},
     {"keep_outputs": True, "recompute": "full", "lora": True},
+    # the models whose activations refuse a precision, an attention kernel or a target set
+    {"recipe": "autocast-bf16"},
+    {"recipe": "autocast-fp16", "attention": "eager"},
+    {"recipe": "fp16-mixed", "attention": "eager", "device": "cpu"},
+    {"recipe": "autocast-bf16", "lora": True, "lora_dropout": True},
+    {"recipe": "bf16-pure", "lora": True, "lora_dropout": True, "device": "cpu"},
+    {"lora": True, "lora_targets": "all-linear"},
+    {"lora": True, "lora_targets": "q,k,v,o", "quant": "nf4", "attention": "eager"},
 )
 
 

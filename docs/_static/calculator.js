@@ -38,32 +38,34 @@
     const q = x.n / x.d;
     return x.n % x.d !== 0n && x.n < 0n ? q - 1n : q;
   }
+  // the compiled expressions write small integers as numbers, larger ones as decimal strings
+  const N = (x) => (typeof x === "object" ? x : R(BigInt(x), 1n));
   const Z = {
     q: (p, q) => R(BigInt(p), BigInt(q === undefined ? 1 : q)),
-    add: (...xs) => xs.reduce((a, b) => R(a.n * b.d + b.n * a.d, a.d * b.d)),
-    mul: (...xs) => xs.reduce((a, b) => R(a.n * b.n, a.d * b.d)),
+    add: (...xs) => xs.map(N).reduce((a, b) => R(a.n * b.d + b.n * a.d, a.d * b.d)),
+    mul: (...xs) => xs.map(N).reduce((a, b) => R(a.n * b.n, a.d * b.d)),
     pow: (x, k) => {
       let out = ONE;
       for (let i = 0; i < Math.abs(k); i++) out = Z.mul(out, x);
       return k < 0 ? R(out.d, out.n) : out;
     },
-    ceil: (x) => R(ceilInt(x), 1n),
-    floor: (x) => R(floorInt(x), 1n),
-    max: (...xs) => xs.reduce((a, b) => (cmp(a, b) >= 0 ? a : b)),
-    min: (...xs) => xs.reduce((a, b) => (cmp(a, b) <= 0 ? a : b)),
-    delta: (x, y) => (cmp(x, y) === 0 ? ONE : R(0n, 1n)),
-    ge: (x, y) => cmp(x, y) >= 0,
-    gt: (x, y) => cmp(x, y) > 0,
-    le: (x, y) => cmp(x, y) <= 0,
-    lt: (x, y) => cmp(x, y) < 0,
-    eq: (x, y) => cmp(x, y) === 0,
-    ne: (x, y) => cmp(x, y) !== 0,
+    ceil: (x) => R(ceilInt(N(x)), 1n),
+    floor: (x) => R(floorInt(N(x)), 1n),
+    max: (...xs) => xs.map(N).reduce((a, b) => (cmp(a, b) >= 0 ? a : b)),
+    min: (...xs) => xs.map(N).reduce((a, b) => (cmp(a, b) <= 0 ? a : b)),
+    delta: (x, y) => (cmp(N(x), N(y)) === 0 ? ONE : R(0n, 1n)),
+    ge: (x, y) => cmp(N(x), N(y)) >= 0,
+    gt: (x, y) => cmp(N(x), N(y)) > 0,
+    le: (x, y) => cmp(N(x), N(y)) <= 0,
+    lt: (x, y) => cmp(N(x), N(y)) < 0,
+    eq: (x, y) => cmp(N(x), N(y)) === 0,
+    ne: (x, y) => cmp(N(x), N(y)) !== 0,
     pw: (...pairs) => {  // sympy's Piecewise: the first pair whose condition holds
-      for (const [cond, value] of pairs) if (cond) return value;
+      for (const [cond, value] of pairs) if (cond) return N(value);
       throw new Error("Piecewise: no condition holds");
     },
   };
-  const F = D.funcs(Z);
+  const F = D.funcs(Z).map((f) => (v) => N(f(v)));
   const num = (x) => R(BigInt(x), 1n);
 
   // --- validation: the CLI's messages ----------------------------------------------------------
@@ -98,16 +100,17 @@
     const value = setup[name];
     return value === undefined ? null : value;
   }
-  const FEATURE_NAMES = Object.keys(D.features);
+  const FEATURE_NAMES = Object.keys(D.features || {});
   /** A decision tree's leaf for the setup: null (absent), {err}, or the indices it names;
    *  undefined where the setup's value of a feature the tree branches on is not offered. */
   function entryOf(tree, setup) {
     let node = tree;
-    while (Array.isArray(node)) {
-      const f = FEATURE_NAMES[node[0]];
+    while (Array.isArray(node)) {  // [i]: the shared node D.nodes[i] = [feature index, children]
+      const [index, kids] = D.nodes[node[0]];
+      const f = FEATURE_NAMES[index];
       const i = D.features[f].map((x) => JSON.stringify(x)).indexOf(JSON.stringify(featureValue(setup, f)));
       if (i < 0) return undefined;
-      node = node[1][i];
+      node = kids[i];
     }
     if (node === 0) return null;
     return node < 0 ? { err: D.messages[-node - 1] } : D.entries[node - 1];
@@ -143,11 +146,10 @@
     const pairs = D.invalid[pre.cls];
     for (let i = 0; i < feats.length; i++) {
       const ki = feats[i] + "=" + JSON.stringify(featureValue(setup, feats[i]));
-      if (pairs[ki]) return pairs[ki];
+      if (ki in pairs) return D.messages[pairs[ki]];
       for (let j = i + 1; j < feats.length; j++) {
         const kj = feats[j] + "=" + JSON.stringify(featureValue(setup, feats[j]));
-        const msg = pairs[ki + "&" + kj];
-        if (msg) return msg;
+        if (ki + "&" + kj in pairs) return D.messages[pairs[ki + "&" + kj]];
       }
     }
     // the numbers the library checks against the model (its messages, the value filled in)
@@ -229,7 +231,13 @@
       }
       g[sym] = total;
     });
-    const phaseExact = phaseEntry.map((i) => F[i](g));
+    // an entry ["z", group, if 0, if not]: the phase model treats an empty group apart
+    let phaseFuncs = phaseEntry;
+    while (phaseFuncs[0] === "z") {
+      const total = g[D.groupSums[phaseFuncs[1]][0]];
+      phaseFuncs = D.entries[(total.n === 0n ? phaseFuncs[2] : phaseFuncs[3]) - 1];
+    }
+    const phaseExact = phaseFuncs.map((i) => F[i](g));
     const phases = {};
     let peak = null;
     let peakValue = null;
@@ -243,11 +251,11 @@
     D.phases.forEach((name, i) => {
       const cur = Object.assign({}, g);
       D.groupSums.forEach(([sym]) => { cur[sym] = R(0n, 1n); });
-      let prev = F[phaseEntry[i]](cur);
+      let prev = F[phaseFuncs[i]](cur);
       const parts = [["other", prev]];
       for (const [sym] of D.groupSums) {
         cur[sym] = g[sym];
-        const now = F[phaseEntry[i]](cur);
+        const now = F[phaseFuncs[i]](cur);
         parts.push([sym, Z.add(now, Z.mul(prev, Z.q("-1")))]);
         prev = now;
       }
