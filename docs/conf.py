@@ -182,21 +182,27 @@ def stage_mathjax() -> Path:
 CALC_STAGE = BUILD / "_calculator_static"
 
 
-def stage_calculator() -> Path:
-    """Compile the term table into the calculator's data (tools/calculator_build.py), again only
-    when the package, the presets or the generator changed: the output is cached in docs/_build
-    under a hash of those sources."""
+def calculator_digest() -> str:
+    """SHA-256 of what the calculator's data is made from: the package, the presets and the
+    generator (the browser check is not among them)."""
     sources = [*sorted((ROOT / "vrammath").rglob("*.py")), *sorted((ROOT / "conf").rglob("*"))]
-    # the generator and the modules it imports (the browser check is not among them)
     parts = ("build", "printer", "serve", "setups")
     sources += [ROOT / "tools" / f"calculator_{part}.py" for part in parts]
     digest = hashlib.sha256()
     for path in sources:
-        if path.is_file():
+        if path.is_file() and "__pycache__" not in path.parts:
             digest.update(path.relative_to(ROOT).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def stage_calculator() -> Path:
+    """Compile the term table into the calculator's data (tools/calculator_build.py), again only
+    when the package, the presets or the generator changed: the output is cached in docs/_build
+    under :func:`calculator_digest`."""
+    digest = calculator_digest()
     out = CALC_STAGE / "calculator-data.js"
     stamp = CALC_STAGE / "source.txt"
-    if stamp.is_file() and stamp.read_text() == digest.hexdigest() and out.is_file():
+    if stamp.is_file() and stamp.read_text() == digest and out.is_file():
         return CALC_STAGE
     import subprocess
 
@@ -204,7 +210,7 @@ def stage_calculator() -> Path:
         [sys.executable, str(ROOT / "tools" / "calculator_build.py"), str(out)],
         check=True,
     )
-    stamp.write_text(digest.hexdigest())
+    stamp.write_text(digest)
     return CALC_STAGE
 
 

@@ -15,9 +15,11 @@ of the table), the phases of the group totals, their maximum.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import functools
+import gzip
 import json
 import sys
 import time
@@ -123,6 +125,19 @@ def _same(one: sympy.Expr, two: sympy.Expr) -> bool:
     return True
 
 
+def _split_group(
+    setup: Setup, exprs: dict[str, Any], zeros: frozenset[Any], nonzero: frozenset[Any]
+) -> int | None:
+    """The first group whose 0 the phase model treats apart (not as its symbol put to 0)."""
+    for i, sym in enumerate(GROUP_SYMBOLS):
+        if sym in zeros or sym in nonzero:
+            continue
+        empty = phase_exprs(setup, zeros=zeros | {sym})
+        if not all(_same(exprs[k].xreplace({sym: 0}), empty[k]) for k in PHASES):
+            return i
+    return None
+
+
 def built_row(term: Any, ctx: Context) -> Any:
     """A row's per-rank expression and label (None: absent; ``("err", message)``: refused)."""
     try:
@@ -180,7 +195,8 @@ def grow(
     seen_setups: dict[tuple[Any, ...], tuple[Any, set[str]]] = {}
 
     def node(assign: dict[str, Any]) -> Any:
-        setup = make_setup(spec, assign)
+        # pairs of repairs too: GPT-2 under autocast with offload needs a ZeRO stage and tp > 1
+        setup = make_setup(spec, assign, pairs=True)
         if isinstance(setup, str):
             return refused(setup)
         # a branch on the value a feature already had builds the same setup again
@@ -225,9 +241,14 @@ def signatures(spec: Any) -> dict[str, str]:
     parts: dict[str, list[str]] = {}
     for probe in PROBES:
         setup = make_setup(spec, probe, repair=False)
-        out = {} if isinstance(setup, str) else row_outputs(setup)
-        for key in [term.key for term in TERMS] + ["@phases"]:
-            parts.setdefault(key, []).append(sympy.srepr(out.get(key, "-")))
+        outs = [{} if isinstance(setup, str) else row_outputs(setup)]
+        if not isinstance(setup, str) and setup.lora_rank is not None:
+            # and at rank 1: 8-bit states keep adapters under 4096 elements in fp32, a
+            # threshold the rank crosses at a size that depends on the model
+            outs.append(row_outputs(dataclasses.replace(setup, lora_rank=1)))
+        for out in outs:
+            for key in [term.key for term in TERMS] + ["@phases"]:
+                parts.setdefault(key, []).append(sympy.srepr(out.get(key, "-")))
     return {key: "\n".join(v) for key, v in parts.items()}
 
 
@@ -335,23 +356,27 @@ def _build() -> dict[str, Any]:
             return refused(got[1])
         return phase_code(setup, frozenset(), frozenset())
 
+    split_on: dict[Any, int | None] = {}
+
     def phase_code(setup: Setup, zeros: frozenset[Any], nonzero: frozenset[Any]) -> int:
         # a phase model may treat an empty group apart (vrammath.peak: a loop that keeps no
         # output adds nothing): where putting 0 in for a group's symbol is not the phases with
-        # the group 0, the entry splits on it, ["z", group index, code if 0, code if not]
+        # the group 0, the entry splits on it, ["z", group index, code if 0, code if not].
+        # Which group a preset's phase model treats so is found once per preset.
         exprs = phase_exprs(setup, zeros=zeros)
-        for i, sym in enumerate(GROUP_SYMBOLS):
-            if sym in zeros or sym in nonzero:
-                continue
-            empty = phase_exprs(setup, zeros=zeros | {sym})
-            if not all(_same(exprs[k].xreplace({sym: 0}), empty[k]) for k in PHASES):
-                return variant_of(
-                    "z",
-                    i,
-                    phase_code(setup, zeros | {sym}, nonzero),
-                    phase_code(setup, zeros, nonzero | {sym}),
-                )
-        return variant(*(funcs.add(_js(exprs[k])) for k in PHASES))
+        key = (setup.model.name, zeros, nonzero)
+        if key not in split_on:
+            split_on[key] = _split_group(setup, exprs, zeros, nonzero)
+        i = split_on[key]
+        if i is None:
+            return variant(*(funcs.add(_js(exprs[k])) for k in PHASES))
+        sym = GROUP_SYMBOLS[i]
+        return variant_of(
+            "z",
+            i,
+            phase_code(setup, zeros | {sym}, nonzero),
+            phase_code(setup, zeros, nonzero | {sym}),
+        )
 
     def variant_of(*parts: Any) -> int:
         return 1 + entries.add(json.dumps(parts))
@@ -484,14 +509,21 @@ def _build() -> dict[str, Any]:
     }
 
 
-def write(out: Path = OUT) -> int:
-    """Write the data script; returns its size in bytes."""
-    data = build()
+def data_script(data: dict[str, Any]) -> str:
+    """The data as a script: ``window.VRAMMATH_DATA = ...`` and its compiled functions."""
+    data = dict(data)
     funcs = data.pop("funcs")
-    body = (
+    return (
         "window.VRAMMATH_DATA=" + json.dumps(data, separators=(",", ":")) + ";\n"
         "window.VRAMMATH_DATA.funcs=" + funcs_script(funcs) + ";\n"
     )
+
+
+def write(out: Path = OUT) -> int:
+    """Write the data script, gzip-compressed in base64 (``window.VRAMMATH_PACKED``; the page
+    unpacks it with the browser's DecompressionStream); returns its size in bytes."""
+    packed = gzip.compress(data_script(build()).encode(), compresslevel=9, mtime=0)
+    body = f'window.VRAMMATH_PACKED="{base64.b64encode(packed).decode()}";\n'
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(body)
     return len(body.encode())

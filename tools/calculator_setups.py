@@ -115,6 +115,8 @@ PROBES: tuple[dict[str, Any], ...] = (
     {"recipe": "bf16-pure", "lora": True, "lora_dropout": True, "device": "cpu"},
     {"lora": True, "lora_targets": "all-linear"},
     {"lora": True, "lora_targets": "q,k,v,o", "quant": "nf4", "attention": "eager"},
+    {"recipe": "fp32", "attention": "eager", "recompute": "full"},
+    {"recipe": "fp16-mixed", "recompute": "full", "iteration": "first"},
 )
 
 

@@ -9,9 +9,9 @@
  * window.vrammath.estimate(setup) -> {components: {key: bytes}, phases: {...}, totals: {...},
  * gpu: {...}} or {error: "field: message"}; bytes are decimal strings (exact past 2**53).
  */
-(function () {
+function vmEngine(D) {
   "use strict";
-  const D = window.VRAMMATH_DATA;
+  // D: window.VRAMMATH_DATA (calculator-data.js, unpacked)
 
   // --- exact rationals: arithmetic only --------------------------------------------------------
   function gcd(a, b) {
@@ -429,11 +429,11 @@
 
   window.vrammath = { estimate, serve, validate: (s) => validate(withDefaults(s)), validateServe,
                       cliCommand, serveCommand, parseInteger, parseFraction, data: D, Z, funcs: F };
-})();
+}
 
 /* The page: two forms built from the declared fields (vrammath.fields metadata, shipped as data),
  * the tables and bars of the engine's results. Display only: every number comes from the engine. */
-(function () {
+function vmPage() {
   "use strict";
   if (typeof document === "undefined") return;  // node: the engine alone (tests)
   const root = document.getElementById("vm-calc");
@@ -766,4 +766,21 @@
   window.vrammath.select = select;
   window.vrammath.firstRenderMs = performance.now() - t0;
   window.vrammath.firstRenderAt = performance.now();  // since navigation start
+}
+
+/* calculator-data.js ships the data gzip-compressed (base64): unpack it with the browser's own
+ * DecompressionStream, then start the engine and the page. Tests in node set VRAMMATH_DATA. */
+(function () {
+  "use strict";
+  function start() {
+    vmEngine(window.VRAMMATH_DATA);
+    if (typeof document !== "undefined") vmPage();
+  }
+  if (window.VRAMMATH_DATA || !window.VRAMMATH_PACKED) { start(); return; }
+  const bytes = Uint8Array.from(atob(window.VRAMMATH_PACKED), (c) => c.charCodeAt(0));
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  new Response(stream).text().then((text) => {
+    new Function(text)();  // the data script the generator wrote: window.VRAMMATH_DATA = ...
+    start();
+  });
 })();
