@@ -37,7 +37,6 @@ from vrammath.activation_parts import (
 )
 from vrammath.errors import InputError
 from vrammath.layer_terms import (
-    _check_dropout,
     hf_layer_bytes,
     hf_layer_terms,
     window_reached,
@@ -169,9 +168,6 @@ def hf_activation_terms(
     ['final_norm', 'head_input', 'head_weight_cast', 'layers', 'logits_loss', 'rope']
     """
     _check("recompute", recompute, HF_RECOMPUTE)
-    if recompute == "full" and not spec.attention.fused_qkv:
-        # the attention kernel's tensors are recomputed: only autocast is refused with dropout
-        _check_dropout(spec, "eager", precision, device)
     c, autocast = _precision(precision)
     res = _residual_bytes(precision)
     sb = s * b
@@ -196,7 +192,8 @@ def hf_activation_terms(
             # Gemma-3: a second (cos, sin) pair with the sliding layers' own base
             terms["rope"] *= 2
     if spec.embeddings.dropout > 0:
-        terms["embedding_dropout"] = _dropout_mask_bytes(c, device) * sb * h
+        # the mask has the embeddings' dtype: the parameters' (fp32 under autocast)
+        terms["embedding_dropout"] = _dropout_mask_bytes(res, device) * sb * h
     if learned:
         terms["positions"] = 8 * s  # int64 position ids kept by the position embedding
     terms["final_norm"] = (

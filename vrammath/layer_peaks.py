@@ -77,7 +77,8 @@ def hf_checkpointed_forward_bytes(
     c, autocast = _precision(precision)
     sb = s * b
     if spec.norms.kind == "layernorm":
-        noise = _dropout_mask_bytes(c, device)
+        # without attention dropout the peak is at the softmax: its input and output (2c)
+        noise = _dropout_mask_bytes(c, device) if spec.attention.dropout > 0 else 0
         embeddings = c * sb * h + (c * s * h if spec.embeddings.learned_positions else 0)
         return sympy.expand(embeddings + 4 * c * sb * h + (2 * c + noise) * a * s**2 * b)
     if not spec.mlp.gated:
@@ -223,7 +224,7 @@ def hf_checkpointed_backward_bytes(
     res = _residual_bytes(precision)
     sb = s * b
     if spec.norms.kind == "layernorm":
-        noise = _dropout_mask_bytes(c, device)
+        noise = _dropout_mask_bytes(c, device) if spec.attention.dropout > 0 else 0
         stats = _norm_kept(spec, precision, device) - c * sb * h  # its input is the checkpoint
         recomputed = stats + c * sb * h + 3 * c * sb * h + (2 * c + noise) * a * s**2 * b
         grads = res * sb * h + 2 * c * sb * h + c * a * s**2 * b

@@ -128,8 +128,9 @@ ROWS: list[dict[str, Any]] = [
 ]
 
 
-def _model_arg(name: str) -> Any:
-    return CONFIGS.get(name, name)
+def _model_arg(name: Any) -> Any:
+    """A named config of :data:`CONFIGS`, a preset name, or a config dict as it is."""
+    return CONFIGS.get(name, name) if isinstance(name, str) else name
 
 
 def step_counter_bytes(spec: Any, optimizer: str) -> int:

@@ -80,10 +80,10 @@ def read_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec
     """Check the keys every reader shares, then read ``cfg`` with its ``model_type``'s reader.
 
     >>> read_config({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
-    ...     "vocab_size": 100, "resid_pdrop": 0.0})
+    ...     "vocab_size": 100, "resid_pdrop": 1.0})
     Traceback (most recent call last):
     ...
-    vrammath.errors.InputError: resid_pdrop: must be > 0 (GPT-2's activation formula is derived with dropout on; 0 is not modelled) (got 0.0)
+    vrammath.errors.InputError: resid_pdrop: must be a number in [0, 1) (got 1.0)
     """
     if not isinstance(cfg, Mapping):
         raise InputError("config", "must be a JSON object", got=type(cfg).__name__)
