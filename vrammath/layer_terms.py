@@ -171,10 +171,11 @@ def hf_layer_terms(
     elif attention == "sdpa":
         scores = 4 * a * s * b
     elif spec.attention.dropout > 0:
-        # the fp32 softmax output, dropout's mask of the probabilities (fp32 under autocast,
-        # where the query is fp32, else c) and the dropped-out ones, in c (autocast: the
-        # matmul with V keeps its own 16-bit cast)
-        scores = (4 + _dropout_mask_bytes(4 if autocast else c, device) + c) * a * s**2 * b
+        # the fp32 softmax output, dropout's mask of the probabilities (in the query's dtype:
+        # fp32 under autocast, where RoPE promotes it, unless RoPE casts back as OLMo-2's does)
+        # and the dropped-out ones, in c (autocast: the matmul with V keeps its 16-bit cast)
+        q_bytes = 4 if autocast and not spec.attention.rope_fp32 else c
+        scores = (4 + _dropout_mask_bytes(q_bytes, device) + c) * a * s**2 * b
     else:
         scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b
     if softcap:  # cap * tanh(scores / cap): tanh keeps its output

@@ -57,6 +57,43 @@ LLAMA_FAMILY: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "attention_dropout": 0.25,
     },
+    # q/k norms per head
+    "qwen3-gqa": {
+        "model_type": "qwen3",
+        "hidden_size": 72,
+        "intermediate_size": 100,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 20,
+        "vocab_size": 131,
+        "attention_dropout": 0.1,
+    },
+    # q/k norms over the projection, post-norms, MQA, tied
+    "olmo2-mqa": {
+        "model_type": "olmo2",
+        "hidden_size": 60,
+        "intermediate_size": 92,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 5,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "vocab_size": 131,
+        "tie_word_embeddings": True,
+        "attention_dropout": 0.1,
+    },
+    # fused qkv_proj and gate_up_proj
+    "phi3-gqa": {
+        "model_type": "phi3",
+        "hidden_size": 72,
+        "intermediate_size": 100,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "vocab_size": 131,
+        "pad_token_id": 0,
+        "attention_dropout": 0.1,
+    },
 }
 
 _GPT2 = {
