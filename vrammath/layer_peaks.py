@@ -140,8 +140,60 @@ def hf_last_layer_forward_bytes(
     return {"later": sympy.expand(later), "live": sympy.expand(live)}
 
 
+def hf_math_attention_forward_bytes(
+    spec: ModelSpec, precision: Precision = "bf16"
+) -> dict[str, sympy.Expr] | None:
+    """The last decoder layer at the end of SDPA's math kernel (a CPU with attention dropout),
+    without recomputation: what the layer has not kept yet (``later``) and what is alive only
+    then (``live``), for LLaMA-style layers and pure precision.
+
+    Explanation
+    ===========
+
+    Measured op by op (``MemTracker``, each live tensor named by the op that made it). At the
+    cast of the kernel's fp32 output back to 16 bits the layer has not yet kept its MLP's
+    tensors, its second norm's, the MLP's input or ``o_proj``'s input (``later``). Alive then
+    and freed by forward's end (``live``):
+
+    * the (1, s) int64 position ids, the kernel's (s, s) fp32 causal bias, and in 16-bit the
+      layer's input and the token embeddings (as at the softmax of eager attention);
+    * Q, K and V after RoPE (c sb (a + 2 a_kv) d) and the kernel's two more fp32 copies at
+      a heads (the repeated K before scaling and a contiguous V: 8 sb a d; one, 4 sb a d,
+      without GQA, where nothing is repeated);
+    * the output being made (c sb a d); in 16-bit also the fp32 upcasts of Q, K and V
+      (4 sb (a + 2 a_kv) d), the kernel's fp32 output (4 sb a d) and the 16-bit copy of the
+      dropped-out probabilities the kernel returns beside it (c as^2b).
+
+    Returns ``None`` where it is not derived (no attention dropout, autocast, GPT blocks).
+
+    >>> from vrammath.readers import read_config
+    >>> spec = read_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+    ...     "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+    ...     "attention_dropout": 0.1})
+    >>> hf_math_attention_forward_bytes(spec, "fp32")["live"]
+    12*a*b*d*s + 8*a_kv*b*d*s + 4*s**2 + 8*s
+    """
+    c, autocast = _precision(precision)
+    if autocast or spec.attention.dropout == 0 or spec.attention.fused_qkv:
+        return None
+    sb = s * b
+    terms = hf_layer_terms(spec, "sdpa", precision, device="cpu")
+    later = terms["mlp"] + terms["norms"] / 2 + terms["output"] + c * sb * h
+    own = 2 * c * sb * h if c == 2 else 0
+    copies = 2 if spec.attention.kv_heads < spec.attention.heads else 1  # no K repeat in MHA
+    live = 8 * s + 4 * s**2 + own + c * sb * (a + 2 * a_kv) * d + c * sb * a * d
+    live += copies * 4 * sb * a * d
+    if c == 2:
+        live += 4 * sb * (a + 2 * a_kv) * d + 4 * sb * a * d + c * a * s**2 * b
+    return {"later": sympy.expand(later), "live": sympy.expand(live)}
+
+
 def hf_top_layer_backward_bytes(
-    spec: ModelSpec, attention: Attention = "eager", precision: Precision = "bf16"
+    spec: ModelSpec,
+    attention: Attention = "eager",
+    precision: Precision = "bf16",
+    *,
+    device: Literal["cuda", "cpu"] = "cuda",
 ) -> dict[str, sympy.Expr] | None:
     """The top decoder layer at its softmax backward without recomputation: what its backward
     has freed by then (``freed``) and the gradients in flight (``in_flight``), for eager
@@ -159,17 +211,22 @@ def hf_top_layer_backward_bytes(
     backward's fp32 output). The weight gradients made by then are the phase model's
     (:func:`vrammath.peak.hf_phase_peaks`).
 
+    StarCoder2's layer (LayerNorm, a plain GeLU MLP, LLaMA's attention) is the same walk: its
+    second LayerNorm's input and statistics, the MLP's kept tensors and its input are freed.
+
     >>> from vrammath.presets import load_model
     >>> sorted(hf_top_layer_backward_bytes(load_model("llama-7b"), "eager", "bf16"))
     ['freed', 'in_flight']
     """
-    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+    if attention != "eager" or spec.attention.fused_qkv:  # GPT-2 and GPT-NeoX blocks
+        return None
+    if spec.norms.kind != "rmsnorm" and spec.model_type != "starcoder2":
         return None
     c, autocast = _precision(precision)
     if autocast:
         return None
     sb = s * b
-    terms = hf_layer_terms(spec, attention, precision)
+    terms = hf_layer_terms(spec, attention, precision, device=device)
     probs = 2 * a * s**2 * b if c == 2 else 0
     freed = terms["mlp"] + terms["norms"] / 2 + terms["output"] + c * sb * h + probs
     freed += c * sb * a * d  # the repeated V
@@ -246,5 +303,6 @@ __all__ = [
     "hf_checkpointed_backward_bytes",
     "hf_checkpointed_forward_bytes",
     "hf_last_layer_forward_bytes",
+    "hf_math_attention_forward_bytes",
     "hf_top_layer_backward_bytes",
 ]

@@ -46,6 +46,7 @@ from vrammath.layer_peaks import (
     hf_checkpointed_backward_bytes,
     hf_checkpointed_forward_bytes,
     hf_last_layer_forward_bytes,
+    hf_math_attention_forward_bytes,
     hf_top_layer_backward_bytes,
 )
 from vrammath.layer_terms import hf_layer_terms
@@ -292,13 +293,15 @@ def hf_phase_peaks(
     in_layer = fwd_end - loss["kept"] + (fwd_layer if recompute == "full" else 0) + cast_cache
     forward_candidates = [fwd_end + loss["forward_transient"] + cast_cache]
     unchecked = hf_last_layer_forward_bytes(spec, attention, precision, device=device)
+    if attention == "sdpa" and device == "cpu":  # the math kernel of SDPA with dropout
+        unchecked = hf_math_attention_forward_bytes(spec, precision)
     if recompute == "none" and unchecked is not None:
         # the last layer's softmax, before the final norm and the head exist
         tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
         after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
         forward_candidates.append(in_layer - after - unchecked["later"] + unchecked["live"])
     recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
-    top_layer = hf_top_layer_backward_bytes(spec, attention, precision)
+    top_layer = hf_top_layer_backward_bytes(spec, attention, precision, device=device)
     if recompute == "none" and top_layer is not None:
         tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
         after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]

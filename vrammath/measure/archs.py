@@ -151,6 +151,31 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
         "rotary_pct": 0.25,
         "hidden_act": "gelu_fast",
     },
+    # dropout honoured: attention dropout on LLaMA; GPT-2 with every dropout off
+    "llama+dropout": {
+        "model_type": "llama",
+        "hidden_size": 72,
+        "intermediate_size": 100,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 20,
+        "vocab_size": 131,
+        "attention_dropout": 0.1,
+    },
+    "gpt2-no-dropout": {
+        "model_type": "gpt2",
+        "n_embd": 72,
+        "n_layer": 3,
+        "n_head": 6,
+        "n_inner": 200,
+        "vocab_size": 131,
+        "n_positions": 256,
+        "attn_pdrop": 0.0,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "activation_function": "gelu_pytorch_tanh",
+    },
 }
 """One small config per ``model_type``, odd-sized so that no term hides behind a round number."""
 
