@@ -181,16 +181,18 @@ def test_starcoder2_dropout_terms() -> None:
 
 def test_lora_fused_targets() -> None:
     phi3 = from_hf_config(cfg("phi3"))
-    mods = [(m.module, m.in_features, m.out_features) for m in adapted_linears(phi3, "q,k,v,o")]
+    mods = [(m.module, m.in_features, m.out_features) for m in adapted_linears(phi3, "qkv,o")]
     assert mods == [
         ("self_attn.qkv_proj", h, (a + 2 * a_kv) * d),
         ("self_attn.o_proj", a * d, h),
     ]
     values = size_values(phi3)
     r = 8
-    # q alone adapts the whole fused qkv_proj: r (h + (a + 2 a_kv) d)
-    assert lora_param_count(phi3, r, "q") == 3 * r * (72 + 120)
+    # qkv adapts the whole fused qkv_proj: r (h + (a + 2 a_kv) d); q alone does not exist
+    assert lora_param_count(phi3, r, "qkv") == 3 * r * (72 + 120)
     assert lora_param_count(phi3, r, "mlp") == 3 * r * (72 + 200 + 100 + 72)
+    with pytest.raises(InputError, match="^lora_targets: must be one of qkv, o, gate_up, down"):
+        adapted_linears(phi3, "q")
     assert values[d] == 12
     star = from_hf_config(cfg("starcoder2"))
     assert [m.module for m in adapted_linears(star, "up,down")] == ["mlp.c_fc", "mlp.c_proj"]

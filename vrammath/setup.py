@@ -195,7 +195,8 @@ class Setup:
         default=DEFAULT_TARGETS,
         metadata=option(
             "--lora-targets",
-            "adapted projections: q,k,v,o,gate,up,down or all-linear (default q,v; needs --lora-rank)",
+            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused), module names "
+            "or all-linear/attention/mlp (default q,v; needs --lora-rank)",
             kind="targets",
         ),
     )
@@ -375,7 +376,7 @@ class Setup:
         if not isinstance(self.lora_targets, str | tuple | list):
             raise InputError(
                 "lora_targets",
-                "must be a list of q,k,v,o,gate,up,down or all-linear",
+                "must be a list of targets (q,k,v,o,gate,up,down, qkv, gate_up) or all-linear",
                 self.lora_targets,
             )
         object.__setattr__(self, "lora_targets", lora_targets(self.lora_targets))

@@ -180,7 +180,7 @@ def test_small_activations_are_exact(
 @pytest.mark.parametrize(
     ("name", "targets"),
     [
-        ("phi3-gqa", "q,v"),
+        ("phi3-gqa", "qkv,down"),
         ("phi3-gqa", "all-linear"),
         ("qwen3-gqa-bias", "q,k,v,o"),
         ("starcoder2-gqa", "up,down"),

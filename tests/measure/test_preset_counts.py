@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vrammath.params import param_count
-from vrammath.presets import load_model, model_names, raw_config
+from vrammath.params import param_count  # noqa: E402
+from vrammath.presets import load_model, model_names, raw_config  # noqa: E402
 
 pytestmark = [
     pytest.mark.measure,
