@@ -26,9 +26,10 @@ from vrammath.activation_parts import (
     _precision,
     _residual_bytes,
 )
+from vrammath.gpt_blocks import GELU_KEPT
 from vrammath.layer_terms import hf_layer_terms
 from vrammath.model import ModelSpec
-from vrammath.symbols import a, a_kv, b, d, h, s
+from vrammath.symbols import I, a, a_kv, b, d, h, s
 
 
 def hf_checkpointed_forward_bytes(
@@ -138,6 +139,30 @@ def hf_last_layer_forward_bytes(
     scores = (10 if device == "cpu" and c == 2 else 8) * a * s**2 * b
     live = c * b * s**2 + 8 * s + own + originals + scores
     return {"later": sympy.expand(later), "live": sympy.expand(live)}
+
+
+def _gpt2_mlp_backward_bytes(spec: ModelSpec, c: int, res: int, device: str) -> sympy.Expr:
+    """A checkpointed GPT-2 block at its GeLU's backward (a one-op GeLU), where it peaks when
+    the MLP's tensors outweigh the scores (short sequences): the recomputed layer up to ``c_fc``
+    -- the first LayerNorm's statistics and output, the copies of Q, K^T and V the matmuls
+    kept, the softmax output (with dropout's mask and output), the merged heads and the
+    attention's residual dropout mask, the second LayerNorm's input, statistics and output,
+    ``c_fc``'s output -- and in flight the incoming gradient and two I-sized gradients (of the
+    GeLU's output and of its input). With residual dropout the peak comes one op earlier, at
+    ``c_proj``'s weight gradient, with the dropout's input gradient (c sbh) alive and the GeLU's
+    output still kept instead of its input gradient. Measured op by op with ``MemTracker``."""
+    sb = s * b
+    stats = 2 * (_norm_kept(spec, "fp32" if c == 4 else "bf16", device) - c * sb * h)
+    score = c * a * s**2 * b
+    if spec.attention.dropout > 0:
+        score += (_dropout_mask_bytes(c, device) + c) * a * s**2 * b
+    resid = _dropout_mask_bytes(c, device) * sb * h if spec.mlp.dropout > 0 else 0
+    attention = c * sb * h + 3 * c * sb * h + score + c * sb * h + resid
+    mlp = 2 * c * sb * h + c * sb * I
+    grads = res * sb * h + 2 * c * sb * I
+    if spec.mlp.dropout > 0:  # the peak is at c_proj's backward: its dropout's gradient too
+        grads += c * sb * h
+    return sympy.expand(stats + attention + mlp + grads)
 
 
 def hf_math_attention_forward_bytes(
@@ -267,7 +292,11 @@ def hf_checkpointed_backward_bytes(
     A GPT-2 block peaks earlier, at ``bmm(probs, V)``'s backward: its first LayerNorm's
     statistics and output, the fused QKV, the softmax output, the dropout's noise and output are
     alive, with the incoming gradient, the attention output's gradient and its contiguous copy
-    (c sbh each) and the gradient of the dropped-out probabilities (c a s^2 b).
+    (c sbh each) and the gradient of the dropped-out probabilities (c a s^2 b). Without
+    attention dropout it peaks at the softmax backward: the LayerNorm's statistics and output,
+    the copies of Q and K^T the scores' matmul kept, the softmax output, and in flight the
+    incoming gradient, V's gradient (c sbh) and the probabilities' gradient with the softmax
+    backward's output (2c a s^2 b).
 
     Returns ``None`` where it is not derived (SDPA).
 
@@ -281,11 +310,18 @@ def hf_checkpointed_backward_bytes(
     res = _residual_bytes(precision)
     sb = s * b
     if spec.norms.kind == "layernorm":
-        noise = _dropout_mask_bytes(c, device) if spec.attention.dropout > 0 else 0
         stats = _norm_kept(spec, precision, device) - c * sb * h  # its input is the checkpoint
-        recomputed = stats + c * sb * h + 3 * c * sb * h + (2 * c + noise) * a * s**2 * b
-        grads = res * sb * h + 2 * c * sb * h + c * a * s**2 * b
-        return {"layer": sympy.expand(recomputed + grads), "checkpoint": res * sb * h}
+        if spec.attention.dropout > 0:
+            noise = _dropout_mask_bytes(c, device)
+            recomputed = stats + c * sb * h + 3 * c * sb * h + (2 * c + noise) * a * s**2 * b
+            grads = res * sb * h + 2 * c * sb * h + c * a * s**2 * b
+        else:  # the peak moves to the softmax backward: Q and K's copies, the probabilities
+            recomputed = stats + c * sb * h + 2 * c * sb * h + c * a * s**2 * b
+            grads = res * sb * h + c * sb * h + 2 * c * a * s**2 * b
+        out = {"layer": sympy.expand(recomputed + grads), "checkpoint": res * sb * h}
+        if GELU_KEPT.get(spec.mlp.activation) == 1:  # a one-op GeLU: its backward may peak
+            out["mlp_layer"] = _gpt2_mlp_backward_bytes(spec, c, res, device)
+        return out
     if not spec.mlp.gated:
         return None
     norm = _norm_kept(spec, precision, "cuda") - (4 * sb * h if res == 4 else 0)
