@@ -9,7 +9,7 @@ ids, initialisation, norm epsilon, ...), and ``parts`` reads the modelled keys i
 :mod:`vrammath.model`. Every key of a config is therefore one of three things:
 
 * modelled -- read, checked and recorded in a part (a value the formulas do not describe, such
-  as ``attention_dropout`` > 0, is refused with an :class:`~vrammath.errors.InputError`);
+  as Gemma's ``attention_dropout`` > 0, is refused with an :class:`~vrammath.errors.InputError`);
 * known harmless -- ignored on purpose (:data:`COMMON_HARMLESS` plus the reader's own list);
 * unknown -- kept as a one-line warning in ``ModelSpec.warnings``.
 
