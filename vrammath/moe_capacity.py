@@ -294,7 +294,7 @@ def dense_mlp_terms(
     return {k: sympy.expand(v) for k, v in out.items()}
 
 
-def check_capacity(capacity_factor: float | None, imbalance: float) -> None:
+def check_capacity(capacity_factor: object, imbalance: object) -> None:
     """Check a setup's ``capacity_factor`` (None or above 0) and ``imbalance`` (from 1), one
     line naming the field.
 
