@@ -50,7 +50,7 @@ References
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sympy
 
@@ -253,8 +253,8 @@ class LayoutMemory:
     micro_batch: int
     seq_len: int
     rank: RankParams
-    states: dict[str, int] = field(default_factory=dict)
-    activations: dict[str, int] = field(default_factory=dict)
+    states: dict[str, int]
+    activations: dict[str, int]
 
     @property
     def total(self) -> int:
@@ -300,9 +300,9 @@ def layout_memory(
     return LayoutMemory(spec, layout, rec, policy, micro_batch, seq_len, rank, states, acts)
 
 
-#: DeepSeek-V3's published training layout (report Section 3.2): 2,048 H800s, 16-way pipeline
-#: parallelism with DualPipe, 64-way expert parallelism over 8 nodes, ZeRO-1 data parallelism,
-#: no tensor parallelism.
+#: The published training layout of DeepSeek-V3 (report Section 3.2), 2,048 H800s with 16-way
+#: pipeline parallelism under DualPipe, 64-way expert parallelism over 8 nodes, ZeRO-1 data
+#: parallelism and no tensor parallelism.
 DEEPSEEK_V3_LAYOUT = Layout(2048, pp=16, tp=1, ep=64, zero=1, schedule="dualpipe")
 
 
@@ -316,8 +316,9 @@ def deepseek_v3_training_memory(
 ) -> LayoutMemory:
     """Per-GPU memory of DeepSeek-V3's pre-training on 2,048 H800s, from the formulas.
 
-    The published layout (:data:`DEEPSEEK_V3_LAYOUT`), precision (:data:`vrammath.moe_layout.
-    DEEPSEEK_V3_RECIPE`: bf16 weights, fp32 gradients and master weights, bf16 AdamW moments),
+    The published layout (:data:`DEEPSEEK_V3_LAYOUT`), precision
+    (:data:`~vrammath.moe_layout.DEEPSEEK_V3_RECIPE`: bf16 weights, fp32 gradients and master
+    weights, bf16 AdamW moments),
     sequences of 4,096 tokens (Section 4.2), dropless routing (Section 2.1.2) with balanced
     load (``imbalance`` 1). The micro-batch is not published: one sequence is assumed.
 

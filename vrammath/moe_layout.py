@@ -5,7 +5,7 @@ Explanation
 
 ``gpus`` ranks form ``p`` pipeline stages of ``t`` tensor-parallel ranks; the remaining
 ``N_d = gpus / (p t)`` ranks are the data-parallel group, of which the ``ep`` expert-parallel
-ranks are a part (Megatron-Core's and DeepSpeed-MoE's groups, :mod:`vrammath.moe`): the routed
+ranks are a part (Megatron-Core's and DeepSpeed-MoE's groups, as in ``vrammath.moe``): the routed
 experts' own data-parallel group has ``N_d / ep`` ranks. Evenly split, one rank holds
 
 .. math::
@@ -71,8 +71,8 @@ SHARDED_FROM = {"weights": 3, "gradients": 2, "master": 1, "optimizer": 1}
 #: full-size optimizer state tensors per parameter
 STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 
-#: DeepSeek-V3's precision (report Section 3.3): bf16 weights for compute (FP8 made per GEMM),
-#: fp32 gradients and master weights, AdamW moments in bf16.
+#: The precision of DeepSeek-V3 (report Section 3.3), bf16 weights for compute (FP8 made per
+#: GEMM), fp32 gradients and master weights, AdamW moments in bf16.
 DEEPSEEK_V3_RECIPE = Recipe(
     "deepseek-v3-fp8",
     2,
@@ -99,12 +99,12 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks: ``gpus / (pp tp)``."""
+        """The data-parallel ranks, ``gpus / (pp tp)``."""
         return self.gpus // (self.pp * self.tp)
 
     @property
     def copies(self) -> int:
-        """Stages each rank holds: 2 under DualPipe, else 1."""
+        """The stages each rank holds, 2 under DualPipe and 1 otherwise."""
         return 2 if self.schedule == "dualpipe" else 1
 
 
@@ -172,7 +172,7 @@ def layout_state_exprs(
     tensor-parallel ranks, experts over ``e_p`` (the module's Explanation). ``copies`` is the
     stages each rank holds (2 for DualPipe).
 
-    At ``p = t = 1`` it is :func:`vrammath.moe.ep_state_exprs`.
+    At ``p = t = 1`` it is ``vrammath.moe.ep_state_exprs``.
 
     >>> layout_state_exprs("bf16-mixed", "adamw", zero=0)["master"]
     4*P/(p*t) - 4*P_e/(p*t) + 4*P_e/(n_ep*p*t)
