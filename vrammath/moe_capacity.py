@@ -43,7 +43,8 @@ activations of ``B`` bytes, 1-byte dropout masks, norm statistics and integer in
 ignored), with a SwiGLU expert (gate and up ``2 I_e``, down ``I_e``):
 
 * ``input``: the MLP's input ``B b s h`` (the router's, the shared experts' and the dispatch's);
-* ``router``: the routing probabilities ``B_r b s E`` (``B_r`` = 4: Megatron's fp32 router);
+* ``router``: the routing probabilities ``B_r b s E`` (``B_r`` = 4: fp32, Megatron-Core's
+  ``moe_router_dtype="fp32"``, whose default is the activations' dtype);
 * ``dispatch``: the permuted rows, the experts' first GEMM input ``B_x R h``;
 * ``experts``: the SwiGLU input ``2 B_x R I_e`` and the down-projection input ``B_x R I_e``
   (0 when SwiGLU's output is recomputed, as DeepSeek-V3 does);
@@ -226,7 +227,7 @@ def moe_mlp_terms(
     shared : bool
         Include a shared-expert MLP (intermediate size ``I_s``).
     activation_bytes, router_bytes, dropout_mask_bytes, linear_input_bytes
-        Bytes per element of 16-bit activations, router probabilities (Megatron: fp32), dropout
+        Bytes per element of 16-bit activations, router probabilities (default fp32), dropout
         masks (0: no dropout) and cached GEMM inputs (default ``activation_bytes``).
     recompute_swiglu, recompute_norm
         DeepSeek-V3's recomputations of the experts' SwiGLU output and of the norm.

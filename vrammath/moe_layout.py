@@ -217,8 +217,9 @@ def _layer_tensor(tensor: Tensor, moe: bool) -> bool:
 def stage_params(spec: ModelSpec, layout: Layout) -> list[tuple[Fraction, Fraction]]:
     """(dense, expert) parameters of each pipeline stage on one tensor/expert-parallel rank.
 
-    Norms and routers are replicated over tensor-parallel ranks; the rest is split over ``tp``,
-    the routed experts over ``tp * ep``.
+    Norms and routers are replicated over tensor-parallel ranks; the rest is split over ``tp``
+    (as :func:`vrammath.params.rank_param_count` does; Megatron-Core replicates MLA's down
+    projections, which this split divides), the routed experts over ``tp * ep``.
 
     >>> from vrammath.presets import load_model
     >>> [(int(d), int(e)) for d, e in stage_params(load_model("mixtral-8x7b"), Layout(8, ep=8))]
