@@ -318,3 +318,17 @@ def test_layout_memory_activations_follow_micro_batch() -> None:
     assert two.activations["layers"] == 2 * one.activations["layers"]
     with pytest.raises(InputError, match="^micro_batch:"):
         layout_memory(spec, Layout(64, pp=4, ep=8), micro_batch=0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "dualpipe"])
+@pytest.mark.parametrize(("pp", "ep", "tp"), [(2, 8, 1), (16, 64, 1), (8, 16, 2)])
+def test_sharded_states_add_up_over_every_gpu(schedule: str, pp: int, ep: int, tp: int) -> None:
+    # ZeRO's shards over all GPUs hold the model once, whatever the groups and the schedule
+    spec = load_model("deepseek-v3")
+    layout = Layout(2048, pp=pp, tp=tp, ep=ep, schedule=schedule)
+    ranks = rank_params(spec, layout)
+    whole = param_count(spec) + mtp_param_count(spec)
+    if tp == 1:
+        assert sum(r.sharded for r in ranks) * layout.dp == whole
+    else:  # replicated norms and routers are counted on every tensor-parallel rank
+        assert sum(r.sharded for r in ranks) * layout.dp * tp > whole
