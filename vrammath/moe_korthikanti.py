@@ -34,7 +34,6 @@ routing weights applied inside the experts' activation as Megatron-Core's groupe
 Examples
 ========
 
->>> from vrammath.presets import load_model
 >>> answer = deepseek_v3_training_memory()
 >>> answer.rank.stages, round(answer.total / 2**30, 1)  # GiB on the busiest H800
 ((0, 15), 75.1)
