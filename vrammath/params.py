@@ -459,10 +459,13 @@ def rank_param_count(spec: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> 
     return math.ceil(max(first, last, middle))
 
 
-def largest_tensor_numel(spec: ModelSpec) -> int:
-    """Elements of the largest single parameter tensor (for-loop optimizer temporaries)."""
+def largest_tensor_numel(spec: ModelSpec, ep: int = 1) -> int:
+    """Elements of the largest single parameter tensor (for-loop optimizer temporaries); with
+    ``ep`` expert-parallel ranks, a routed-expert tensor holds its rank's ``E / ep`` experts."""
     values = size_values(spec)
-    return max(int(t.numel.subs(values)) for t in tensors(spec))
+    return max(
+        int(t.numel.subs(values)) // (ep if t.component == "experts" else 1) for t in tensors(spec)
+    )
 
 
 __all__ = [
