@@ -5,8 +5,10 @@ Explanation
 
 The MoE block of Mixtral, Qwen2-MoE and Qwen3-MoE (grouped-matmul experts, bf16) allocates and
 frees, op by op, the tensors listed here as *steps*: each step is the bytes one op adds to what
-is alive, less what is freed by the time it returns (measured by listing the live tensors at
-every op on transformers' modules, tests/measure/test_moe.py). The peak inside the block is the
+is alive, less what is freed by the time it returns (read off the live tensors listed at every
+op of transformers' modules on small configs, tests/test_moe_training.py; the whole step is
+checked against PyTorch's count by the validation matrix's MoE rows, and its independence of
+the routing by tests/measure/test_moe.py). The peak inside the block is the
 largest running sum of the steps -- a sympy ``Max`` left unevaluated, which the numbers decide,
 so which op peaks (the SiLU product's backward, the combine's permuted copy, the shared expert)
 follows the sizes. With ``N = b s`` tokens and ``S = N k`` routed rows:
