@@ -247,3 +247,21 @@ def test_bad_router_configs_one_line_exit_2(
 def test_deepseek_stays_refused_naming_latent_attention() -> None:
     with pytest.raises(InputError, match="^model: training estimates of deepseek_v3 need latent"):
         estimate(Setup(load_model("deepseek-v3")))
+
+
+def test_a_middle_moe_layer_sets_the_recomputed_backward_peak() -> None:
+    """Qwen2-MoE with dense first and last layers: the MoE candidates sit at the MoE layer
+    (the layer above back-propagated, its checkpoint freed and gradients made). PyTorch counts
+    5,379,348 B at this backward peak (fake mode, the matrix's method); the estimate is 244 B
+    under it (the step counters and scalars the phases leave out)."""
+    spec = _spec(
+        "qwen2_moe",
+        vocab_size=256,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        mlp_only_layers=[0, 2],
+        **{**QWEN2, "moe_intermediate_size": 96, "shared_expert_intermediate_size": 192},
+    )
+    setup = Setup(spec, recipe="bf16-pure", micro_batch=2, seq_len=256, recompute="full")
+    peak = estimate(with_changes(setup, device="cpu")).phases["backward_peak"]
+    assert peak == 5_379_348 - 244

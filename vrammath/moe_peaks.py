@@ -62,7 +62,8 @@ from typing import Literal
 import sympy
 
 from vrammath.model import ModelSpec
-from vrammath.symbols import E, I_e, I_s, L, P, V, b, h, k_e, s
+from vrammath.params import tensors
+from vrammath.symbols import E, I_e, I_s, P, V, b, h, k_e, s
 
 #: One op's step: (bytes it adds less bytes freed, parameters whose gradients it creates).
 Step = tuple[sympy.Expr, sympy.Expr]
@@ -280,7 +281,6 @@ def moe_phase_candidates(
     spec: ModelSpec,
     *,
     before: sympy.Expr,
-    layers: sympy.Expr,
     dense_layer: dict[str, sympy.Expr],
     G: sympy.Expr,
     recompute: Literal["none", "full"],
@@ -288,63 +288,101 @@ def moe_phase_candidates(
     """The forward and backward peak candidates inside the MoE blocks (see the module).
 
     ``before`` is what forward left, less the loss's buffers and what exists only after the
-    last layer (final norm, head input); ``layers`` the layers' kept total (no recomputation);
-    ``dense_layer`` the terms of a dense layer (:func:`vrammath.layer_terms.hf_layer_terms`),
-    whose attention side a MoE layer shares; G the per-GPU gradient total.
+    last layer (final norm, head input); ``dense_layer`` the terms of a dense layer
+    (:func:`vrammath.layer_terms.hf_layer_terms`), whose attention side a MoE layer shares; G
+    the per-GPU gradient total. The candidates are taken at the topmost MoE layer (forward,
+    and backward with the fewest gradients made) and the bottommost one (backward, the most
+    activations freed and gradients made): in between, the bytes move linearly from one to
+    the other.
     """
+    from vrammath.params import _in_layer
+
     ex = spec.experts
     assert ex is not None
     n = b * s
-    top_is_moe = spec.layers - 1 in ex.layers
-    bottom_is_moe = 0 in ex.layers and spec.layers > 1
     kept = moe_block_kept(spec)
     attention_side = sum(dense_layer.values(), _Z) - dense_layer["mlp"]
     moe_layer = attention_side + kept
+    dense_kept = sum(dense_layer.values(), _Z)
+    numel = {
+        moe: sympy.Add(*(t.numel for t in tensors(spec) if _in_layer(t, moe)))
+        for moe in (True, False)
+    }
     head = V * h + h  # the head's (or tied embedding's) and the final norm's gradients
-    fwd = moe_forward_steps(spec, saving=recompute == "none")
-    forward: list[sympy.Expr] = []
-    backward: list[sympy.Expr] = []
     # Qwen2-MoE's model also builds a sliding-window mask it never uses: a boolean (1, 1, s, s)
     # held by the model's frame through the layers (SDPA cannot take it as is_causal)
     frame_mask = s**2 if spec.model_type == "qwen2_moe" else 0
-    if top_is_moe:
+    forward: list[sympy.Expr] = []
+    backward: list[sympy.Expr] = []
+    if not ex.layers:
+        return {"forward": forward, "backward": backward}
+    for i in sorted({max(ex.layers), min(ex.layers)}, reverse=True):
+        above = range(i + 1, spec.layers)
+        moe_above = sum(1 for j in above if j in ex.layers)
+        dense_above = len(above) - moe_above
+        # what the layers above keep (their checkpoints under recomputation), their gradients
         if recompute == "none":
-            # alive at the block's entry and not kept: inputs_embeds, the layer's input, its
-            # residual (bf16 N h each) and the (1, s) int64 position ids
-            entry = before - kept + 6 * n * h + 8 * s + frame_mask
-        else:  # the checkpoints, the residual and the block's input (not saved)
-            entry = before + 4 * n * h + frame_mask
-        forward += [sympy.expand(entry + x) for x in _prefix(fwd)]
-    if recompute == "none":
-        start_top = before + 2 * n * h
-        start_bottom = before - layers + moe_layer + 2 * n * h
-        steps = moe_backward_steps(spec)
-    else:
-        head_steps = _backward_head(spec)
-        head_bytes = sum((x for x, _ in head_steps), _Z)
-        upcast = 4 * n * h if _weight_bytes(spec) == 4 else 0  # freed as the recompute starts
-        start_top = before + 2 * n * h + head_bytes
-        start_bottom = before - (L - 1) * 2 * n * h + 2 * n * h + head_bytes
-        steps = _backward_rest(spec, recomputed=True)
-        if top_is_moe:
-            # inside the top layer's recomputation: its attention side and residual, then the
-            # block's saving forward up to the inverse permutation
-            recomputing = start_top - upcast + attention_side + 2 * n * h
-            saving = moe_forward_steps(spec)[: _recompute_stop(spec)]
-            backward += [sympy.expand(recomputing + x + G * head / P) for x in _prefix(saving)]
-        start_top += moe_layer - upcast
-        start_bottom += moe_layer - upcast
-        steps = [(steps[0][0] + upcast, steps[0][1]), *steps[1:]] if upcast else steps
-    if top_is_moe:
-        backward += _running(steps, start_top, head, G)
-    if bottom_is_moe:
-        # every gradient but the embedding's (untied) and the bottom layer's own
-        from vrammath.params import layer_param_expr
-
-        embedding = 0 if spec.tied_embeddings else V * h
-        done = P - embedding - layer_param_expr(spec)
-        backward += _running(steps, start_bottom, done, G)
+            freed = moe_above * moe_layer + dense_above * dense_kept
+        else:
+            freed = len(above) * 2 * n * h
+        grads = head + moe_above * numel[True] + dense_above * numel[False]
+        if i == max(ex.layers):
+            forward += _forward_candidates(spec, before - freed, i, frame_mask, recompute)
+        backward += _backward_candidates(
+            spec, before - freed, grads, G, attention_side, moe_layer, recompute
+        )
     return {"forward": forward, "backward": backward}
+
+
+def _forward_candidates(
+    spec: ModelSpec,
+    alive: sympy.Expr,
+    index: int,
+    frame_mask: sympy.Expr | int,
+    recompute: Literal["none", "full"],
+) -> list[sympy.Expr]:
+    """The running bytes of layer ``index``'s block in forward; ``alive`` is what forward
+    leaves less what the layers above add."""
+    n = b * s
+    if recompute == "none":
+        # alive at the block's entry and not kept: inputs_embeds, the layer's input (the same
+        # tensor in the first layer), its residual (bf16 N h each), the (1, s) position ids
+        frames = (6 if index else 4) * n * h + 8 * s
+        entry = alive - moe_block_kept(spec) + frames + frame_mask
+    else:  # the checkpoints, the residual and the block's input (not saved)
+        entry = alive + 4 * n * h + frame_mask
+    steps = moe_forward_steps(spec, saving=recompute == "none")
+    return [sympy.expand(entry + x) for x in _prefix(steps)]
+
+
+def _backward_candidates(
+    spec: ModelSpec,
+    alive: sympy.Expr,
+    grads: sympy.Expr,
+    G: sympy.Expr,
+    attention_side: sympy.Expr,
+    moe_layer: sympy.Expr,
+    recompute: Literal["none", "full"],
+) -> list[sympy.Expr]:
+    """The running bytes of one MoE layer's block in backward (and in its recomputation);
+    ``alive`` is what forward left less what the layers above kept, ``grads`` the parameters
+    whose gradients exist when the block's backward starts."""
+    n = b * s
+    start = alive + 2 * n * h  # the incoming gradient
+    if recompute == "none":
+        return _running(moe_backward_steps(spec), start, grads, G)
+    head_bytes = sum((x for x, _ in _backward_head(spec)), _Z)
+    upcast = 4 * n * h if _weight_bytes(spec) == 4 else 0  # freed as the recompute starts
+    start += head_bytes - upcast
+    # inside the recomputation: the layer's attention side and residual, then the block's
+    # saving forward up to the inverse permutation
+    saving = moe_forward_steps(spec)[: _recompute_stop(spec)]
+    recomputing = start + attention_side + 2 * n * h + G * grads / P
+    out = [sympy.expand(recomputing + x) for x in _prefix(saving)]
+    steps = _backward_rest(spec, recomputed=True)
+    if upcast:
+        steps = [(steps[0][0] + upcast, steps[0][1]), *steps[1:]]
+    return out + _running(steps, start + moe_layer, grads, G)
 
 
 def _prefix(steps: list[sympy.Expr]) -> list[sympy.Expr]:

@@ -322,13 +322,14 @@ def hf_phase_peaks(
         moe = moe_phase_candidates(
             spec,
             before=act - loss["kept"] - after,
-            layers=tail["layers"],
             dense_layer=layer_terms,
             G=G,
             recompute=recompute,
         )
-        in_layers = [W + O_before + x for x in moe["forward"]]
-        in_backward = [W + O_before + x for x in moe["backward"]]
+        # a dense layer's own candidates stay where the model has dense layers
+        dense = len(spec.experts.layers) < spec.layers
+        in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
+        in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
     phases = {
         "forward_end": fwd_end,
         "forward_peak": _peak(*forward_candidates, *in_layers) + gathered,
