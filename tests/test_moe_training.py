@@ -265,3 +265,14 @@ def test_a_middle_moe_layer_sets_the_recomputed_backward_peak() -> None:
     setup = Setup(spec, recipe="bf16-pure", micro_batch=2, seq_len=256, recompute="full")
     peak = estimate(with_changes(setup, device="cpu")).phases["backward_peak"]
     assert peak == 5_379_348 - 244
+
+
+def test_fewest_gpus_is_a_multiple_of_ep() -> None:
+    from vrammath.fit import fit
+
+    setup = Setup(load_model("mixtral-8x7b"), recipe="bf16-pure", zero=3, gpus=64, ep=8)
+    answer = fit(with_changes(setup, gpu="H100-80GB"))
+    n = answer.gpus.value
+    assert n is not None
+    assert n % 8 == 0
+    assert estimate(with_changes(setup, gpus=n)).gpu_bytes <= answer.budget.usable

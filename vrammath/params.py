@@ -54,6 +54,7 @@ from vrammath.symbols import (
     d_r,
     d_v,
     h,
+    k_e,
     n_pos,
     r_kv,
     r_q,
@@ -99,7 +100,7 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
     }
     if spec.experts is not None:
         ex = spec.experts
-        values |= {E: ex.count, I_e: ex.intermediate, L_e: len(ex.layers)}
+        values |= {E: ex.count, I_e: ex.intermediate, L_e: len(ex.layers), k_e: ex.top_k}
         if ex.shared_intermediate:
             values[I_s] = ex.shared_intermediate
     if spec.latent is not None:
