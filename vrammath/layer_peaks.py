@@ -89,7 +89,14 @@ def hf_checkpointed_forward_bytes(
     qkv = cq * sb * d * (a + a_kv) + c * sb * a_kv * d
     repeated = (cq + c) * sb * a * d if spec.attention.kv_heads < spec.attention.heads else 0
     casts = 2 * (h * a * d + 2 * h * a_kv * d) if autocast else 0
-    return sympy.expand(norm_out + qkv + repeated + casts + 8 * a * s**2 * b)
+    per_score = 8
+    if spec.attention.dropout > 0:
+        # at the dropout: the fp32 softmax output, its cast to the query's dtype (none when
+        # that is fp32), the dropout's mask and output in the query's dtype
+        q_bytes = 4 if c == 4 or (autocast and not spec.attention.rope_fp32) else c
+        cast = 0 if q_bytes == 4 else q_bytes
+        per_score = max(per_score, 4 + cast + _dropout_mask_bytes(q_bytes, device) + q_bytes)
+    return sympy.expand(norm_out + qkv + repeated + casts + per_score * a * s**2 * b)
 
 
 def hf_last_layer_forward_bytes(
@@ -289,6 +296,11 @@ def hf_checkpointed_backward_bytes(
     attention output's gradient (c sb a d) and eight bytes per score element -- the
     probabilities' gradient cast to fp32 and the softmax backward's fp32 output.
 
+    ``mlp_layer`` is the other candidate, the MLP's backward (it wins at short sequences or
+    with attention dropout, whose mask and output the recomputed layer keeps): the whole
+    recomputed layer (:func:`~vrammath.layer_terms.hf_layer_terms`) less ``down_proj``'s input,
+    with the incoming gradient and three I-sized gradients in flight (measured op by op).
+
     A GPT-2 block peaks earlier, at ``bmm(probs, V)``'s backward: its first LayerNorm's
     statistics and output, the fused QKV, the softmax output, the dropout's noise and output are
     alive, with the incoming gradient, the attention output's gradient and its contiguous copy
@@ -301,8 +313,11 @@ def hf_checkpointed_backward_bytes(
     Returns ``None`` where it is not derived (SDPA).
 
     >>> from vrammath.presets import load_model
-    >>> hf_checkpointed_backward_bytes(load_model("llama-7b"), "eager", "fp32")
-    {'layer': 12*a*b*d*s + 12*a*b*s**2 + 12*b*h*s + 4*b*s, 'checkpoint': 4*b*h*s}
+    >>> peaks = hf_checkpointed_backward_bytes(load_model("llama-7b"), "eager", "fp32")
+    >>> peaks["layer"], peaks["checkpoint"]
+    (12*a*b*d*s + 12*a*b*s**2 + 12*b*h*s + 4*b*s, 4*b*h*s)
+    >>> peaks["mlp_layer"]
+    24*I*b*s + 16*a*b*d*s + 4*a*b*s**2 + 24*b*h*s + 8*b*s
     """
     if attention != "eager":
         return None
@@ -329,9 +344,20 @@ def hf_checkpointed_backward_bytes(
     qk = 2 * c * sb * a * d
     casts = 2 * (h * a * d + 2 * h * a_kv * d) if autocast else 0
     in_flight = res * sb * h + c * sb * a * d + 8 * a * s**2 * b
+    recomputed = sum(hf_layer_terms(spec, attention, precision, device=device).values())
     return {
         "layer": sympy.expand(norm + inputs + qk + 4 * a * s**2 * b + casts + in_flight),
         "checkpoint": res * sb * h,
+        # the MLP's backward, where the whole recomputed layer is alive (its product freed by
+        # down_proj's backward) with the incoming gradient and three I-sized gradients
+        # (where the residual stream is fp32 the first norm's input is the checkpoint; in
+        # 16-bit the layer still holds its 16-bit residual beside the norm's fp32 copy)
+        "mlp_layer": sympy.expand(
+            recomputed
+            - (4 * sb * h if res == 4 else c * sb * h * -1)
+            + res * sb * h
+            + 2 * c * sb * I
+        ),
     }
 
 

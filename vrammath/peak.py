@@ -184,8 +184,8 @@ def _checkpointed_peaks(
         before + layer + gradients * top / P,
         before - (L - 1) * backward["checkpoint"] + layer + gradients * bottom / P,
     ]
-    if "mlp_layer" in backward:  # GPT-2's GeLU backward: only the MLP's c_proj is done
-        top, bottom = _gradient_shares(spec, done=("mlp.c_proj",))
+    if "mlp_layer" in backward:  # the MLP's backward: only its output projection is done
+        top, bottom = _gradient_shares(spec, done=("mlp.c_proj", "mlp.down_proj"))
         mlp = backward["mlp_layer"]
         candidates += [
             before + mlp + gradients * top / P,

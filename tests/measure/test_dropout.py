@@ -218,3 +218,35 @@ def test_gpt2_checkpointed_peaks(name: str, precision: str, batch: int, seq: int
     for phase in ("forward", "backward", "step"):
         err = (est[f"{phase}_peak"] - measured[phase]) / measured[phase]
         assert abs(err) <= TOLERANCE["peak"], (phase, err)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-mqa"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize(("batch", "seq"), [(3, 48), (2, 80)])
+def test_attention_dropout_checkpointed_peaks(
+    name: str, precision: str, batch: int, seq: int
+) -> None:
+    """LLaMA-style layers with attention dropout and full recomputation: the forward peak at the
+    dropout (its input, mask and output beside the fp32 softmax), the backward peak at the MLP's
+    backward of a recomputed layer, within the matrix's 1 %."""
+    from vrammath.measure.matrix import TOLERANCE, estimate_row
+
+    cfg = LLAMA_FAMILY[name]
+    measured = measure_config(
+        cfg, batch=batch, seq=seq, precision=precision, attention="eager", recompute="full"
+    )
+    row = {
+        "model": cfg,
+        "batch": batch,
+        "seq": seq,
+        "precision": precision,
+        "attention": "eager",
+        "recompute": "full",
+        "optimizer": "adamw",
+        "implementation": "foreach",
+        "zero3_ranks": None,
+    }
+    est = estimate_row(row)
+    for phase in ("forward", "backward", "step"):
+        err = (est[f"{phase}_peak"] - measured[phase]) / measured[phase]
+        assert abs(err) <= TOLERANCE["peak"], (phase, err)
