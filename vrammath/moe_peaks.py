@@ -30,15 +30,16 @@ follows the sizes. With ``N = b s`` tokens and ``S = N k`` routed rows:
   gradients ``2 S I_e`` each, the concatenated ``4 S I_e``, the gathered rows' gradient
   ``2 S h``, the scatter-adds back to the tokens. The expert weights' gradients appear
   on the way (down, then gate/up) and enter as their share of the per-GPU gradient total G;
-  Qwen2-MoE first back-propagates its shared expert's sigmoid gate. The router's backward
-  (tensors of N E and N k elements, after every S-row tensor is freed) is below these and not
-  listed.
+  Qwen2-MoE first back-propagates its shared expert's sigmoid gate, and after the router its
+  shared MLP. The router's own backward (tensors of N E and N k elements, after every S-row
+  tensor is freed) enters by its net effect only.
 
-:func:`moe_phase_peaks` composes them with the rest of the step: the last layer's block in
-forward, the top and the bottom layer's block in backward, with full recomputation the
-recomputation of a layer (which stops once the last tensor backward needs -- the inverse
-permutation -- is saved again). Single-layer models and models whose top or bottom layer is
-dense take only the candidates that exist.
+:func:`moe_phase_candidates` composes them with the rest of the step at the topmost MoE layer
+(forward; backward with the fewest gradients made) and the bottommost one (backward, with the
+most activations freed and gradients made); under full recomputation also the recomputation of
+the layer, which stops once the last tensor backward needs -- the inverse permutation -- is
+saved again. Not here, as for dense layers: a final norm's backward, which can peak with a
+vocabulary small next to ``h`` (none of the presets').
 
 Examples
 ========
