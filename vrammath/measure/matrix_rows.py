@@ -2,10 +2,11 @@
 and one dict per row (model, batch, sequence, precision, attention, recomputation, ZeRO-3 ranks).
 
 The mixture-of-experts rows (small Mixtral, Qwen2-MoE with a shared expert and a dense layer,
-Qwen3-MoE with q/k norms) run transformers' grouped-matmul experts, which take bf16 inputs
-only: their fp32 and autocast memory cannot be counted in fake mode, so every MoE row is bf16.
+Qwen3-MoE with q/k norms; Mixtral-8x7B and Qwen3-30B-A3B themselves) run transformers'
+grouped-matmul experts, which take bf16 inputs only: their fp32 and autocast memory cannot be
+counted in fake mode, so every MoE row is bf16.
 
->>> sorted({r["model"] for r in ROWS if "moe" in r["model"] or "mixtral" in r["model"]})
+>>> sorted({r["model"] for r in ROWS if r["model"].startswith(("small-mixtral", "small-qwen"))})
 ['small-mixtral', 'small-mixtral-v128', 'small-qwen2-moe', 'small-qwen3-moe']
 """
 
@@ -171,6 +172,8 @@ ROWS: list[dict[str, Any]] = [
     _row("small-qwen3-moe", 2, 256, "bf16", "sdpa", quick=True),
     _row("small-qwen3-moe", 2, 256, "bf16", "sdpa", "full", quick=True),
     _row("small-qwen3-moe", 4, 1024, "bf16", "sdpa", zero3=8, quick=True),
+    _row("mixtral-8x7b", 1, 1024, "bf16", "sdpa", "full"),
+    _row("qwen3-30b-a3b", 1, 2048, "bf16", "sdpa", "full"),
 ]
 
 
