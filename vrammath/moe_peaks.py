@@ -38,7 +38,9 @@ follows the sizes. With ``N = b s`` tokens and ``S = N k`` routed rows:
 (forward; backward with the fewest gradients made) and the bottommost one (backward, with the
 most activations freed and gradients made); under full recomputation also the recomputation of
 the layer, which stops once the last tensor backward needs -- the inverse permutation -- is
-saved again. Not here, as for dense layers: a final norm's backward, which can peak with a
+saved again. Under expert parallelism (``ep`` > 1) a rank's grouped buffers hold the rows its
+local experts receive from the EP group after the all-to-all: ``S`` when the router balances
+the load (taken here), more on the rank of an overloaded expert. Not here, as for dense layers: a final norm's backward, which can peak with a
 vocabulary small next to ``h`` (none of the presets').
 
 Examples
