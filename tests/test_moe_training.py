@@ -211,7 +211,7 @@ def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str
         (["--tp", "2"], "tp/pp: tensor and pipeline parallelism of mixture-of-experts"),
         (["--recompute", "selective"], "activation_model: mixture-of-experts activations"),
         (["--attention", "eager"], "attention: mixture-of-experts phase peaks are derived"),
-        (["--recipe", "fp32"], "recipe: mixture-of-experts training is derived for bf16"),
+        (["--recipe", "fp32"], "recipe: mixture-of-experts training is derived for a bf16 forward"),
         (["--lora-rank", "8"], "lora_rank: LoRA on mixture-of-experts models"),
     ],
 )

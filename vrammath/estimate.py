@@ -293,8 +293,9 @@ def _check_modelled(setup: Setup) -> None:
     if PRECISION_OF[setup.recipe] != "bf16":
         raise InputError(
             "recipe",
-            "mixture-of-experts training is derived for bf16-pure only (transformers' grouped "
-            "matmul takes bf16 inputs, so fp32 and autocast cannot be counted in fake mode)",
+            "mixture-of-experts training is derived for a bf16 forward only (bf16-pure, "
+            "bf16-mixed, bf16-megatron: transformers' grouped matmul takes bf16 inputs, so fp32, "
+            "fp16 and autocast cannot be counted in fake mode)",
             got=setup.recipe,
         )
     if setup.attention != "sdpa":
