@@ -229,6 +229,10 @@ def hf_phase_peaks(
       (:func:`~vrammath.layer_peaks.hf_top_layer_backward_bytes`), each with the weight
       gradients made by then as their share of G; elsewhere one layer's activations recomputed
       and the softmax backward's score-sized tensors; each + F.
+    * For a mixture-of-experts model (SDPA, bf16) the in-layer candidates of both passes are the
+      MoE blocks' own, op by op, at the topmost and the bottommost MoE layer
+      (:func:`vrammath.moe_peaks.moe_phase_candidates`), beside a dense layer's where the model
+      has dense layers.
     * With ``groups.outputs`` (the loop keeps the model output) every phase adds it
       (:func:`vrammath.terms.kept_outputs`).
     * ``step_peak`` = W + O + G + T. In the first iteration O is created inside this step and is
