@@ -149,3 +149,128 @@ def test_kept_bytes_do_not_depend_on_routing(name: str) -> None:
     two, load_two = _kept(name, "sdpa", "none", 2, 24, seed=1)
     assert load_one != load_two  # other router weights and biases, other experts
     assert one == two == _predicted(name, "sdpa", "none", 2, 24)
+
+
+# --- the MoE block op by op (vrammath.deepseek_moe_steps) ---------------------------------------
+
+BLOCKS: dict[str, dict[str, Any]] = {
+    "normalised": {"hidden_size": 72, "moe_intermediate_size": 24, "n_shared_experts": 2},
+    "unnormalised": {"hidden_size": 56, "moe_intermediate_size": 16, "norm_topk_prob": False},
+}
+"""Each with 12 experts in 4 groups, 3 groups chosen, top-5; 2 layers, the second MoE."""
+
+
+def _trace_block(name: str, tokens: int, mode: str) -> tuple[list[int], int, Any]:
+    """The bytes alive after each op of the MoE block's forward (and backward), as MemTracker
+    counts them, relative to the block's entry; the index where backward starts; the spec."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+    from torch.utils.checkpoint import checkpoint
+
+    cfg = {
+        "model_type": "deepseek_v3",
+        "vocab_size": 64,
+        "intermediate_size": 40,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 8,
+        "kv_lora_rank": 8,
+        "qk_nope_head_dim": 4,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 4,
+        "n_routed_experts": 12,
+        "num_experts_per_tok": 5,
+        "n_group": 4,
+        "topk_group": 3,
+        "first_k_dense_replace": 1,
+        **BLOCKS[name],
+    }
+    hf = transformers.AutoConfig.for_model(
+        "deepseek_v3", **{k: v for k, v in cfg.items() if k != "model_type"}
+    )
+    hf._experts_implementation = "grouped_mm"
+    hf.use_cache = False
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).train()
+    block = model.model.layers[1].mlp
+    x = torch.randn(1, tokens, cfg["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
+    alive: list[int] = []
+
+    class Trace(MemTracker):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            alive.append(sum(snap[_TOTAL_KEY] for snap in self._curr_mem_snap.values()))
+            return out
+
+    tracker = Trace()
+    tracker.track_external(block)
+    with tracker:
+        if mode == "nosave":
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda t: t):
+                out = block(x)
+        else:
+            out = block(x) if mode == "save" else checkpoint(block, x, use_reentrant=False)
+        mark = len(alive)
+        if mode != "nosave":
+            out.backward(torch.ones_like(out))
+    params = sum(p.numel() * p.element_size() for p in block.parameters())
+    buffers = sum(t.numel() * t.element_size() for t in block.buffers())
+    entry = params + buffers + x.numel() * x.element_size()  # first seen at the first op
+    return [n - entry for n in alive], mark, from_hf_config(cfg)
+
+
+def _changes(alive: list[int]) -> list[int]:
+    deltas = [now - before for before, now in zip([0, *alive[:-1]], alive, strict=True)]
+    return [d for d in deltas if d]
+
+
+def _values(spec: Any, tokens: int) -> dict[Any, int]:
+    return {**size_values(spec), k_e: spec.experts.top_k, b: 1, s: tokens}
+
+
+def _steps_bytes(steps: list[Any], values: dict[Any, int]) -> list[int]:
+    """Backward steps as bytes: bf16 gradients, but the router's fp32 weight's."""
+    from vrammath.symbols import E, h
+
+    router = E * h
+    out = [int((x + (4 if g == router else 2) * g).subs(values)) for x, g in steps]
+    return [n for n in out if n]
+
+
+@pytest.mark.parametrize("tokens", [13, 40])
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_block_steps_are_pytorch_count(name: str, tokens: int) -> None:
+    from vrammath.deepseek_moe_steps import deepseek_backward_steps, deepseek_forward_steps
+
+    alive, mark, spec = _trace_block(name, tokens, "save")
+    values = _values(spec, tokens)
+    forward = [int(x.subs(values)) for x in deepseek_forward_steps(spec)]
+    assert _changes(alive[:mark]) == [n for n in forward if n]
+    # backward: the first op makes the incoming gradient as the block's return frees its locals
+    assert _changes(alive)[len(_changes(alive[:mark])) + 1 :] == _steps_bytes(
+        deepseek_backward_steps(spec), values
+    )
+    alive, mark, spec = _trace_block(name, tokens, "nosave")
+    saving = [int(x.subs(values)) for x in deepseek_forward_steps(spec, saving=False)]
+    assert _changes(alive) == [n for n in saving if n]
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_recomputed_block_steps_reach_pytorch_peak(name: str) -> None:
+    """Under a non-reentrant checkpoint: the recomputation, then the recomputed backward; the
+    checkpoint splits a few router ops the lists join, so the running peak and the end are
+    compared."""
+    from vrammath.deepseek_moe_steps import deepseek_backward_steps, deepseek_recompute_steps
+
+    tokens = 24
+    alive, mark, spec = _trace_block(name, tokens, "ckpt")
+    values = _values(spec, tokens)
+    start = alive[mark]  # the incoming gradient made, the forward's locals freed
+    steps = [int(x.subs(values)) for x in deepseek_recompute_steps(spec)]
+    steps += _steps_bytes(deepseek_backward_steps(spec, recomputed=True), values)
+    running, peak = start, start
+    for step in steps:
+        running += step
+        peak = max(peak, running)
+    assert (peak, running) == (max(alive[mark:]), alive[-1])
