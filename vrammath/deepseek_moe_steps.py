@@ -170,7 +170,7 @@ def _shared_backward(n: sympy.Expr) -> list[Step]:
         (-2 * mid, _Z),
         (_Z, h * I_s),  # gate_proj's
         (2 * n * h, _Z),
-        (-mid, _Z),
+        (-mid - 2 * n * h, _Z),  # the block's input goes: only gate/up_proj saved it
         (2 * n * h, _Z),  # the input's two gradients summed
         (-4 * n * h, _Z),
     ]
