@@ -163,3 +163,58 @@ def test_consistent_derived_keys_are_accepted() -> None:
     # hidden_size need not be a multiple of the heads (the head dimension is nope + rope)
     odd = from_hf_config({**DS, "hidden_size": 7000})
     assert odd.head_dim == 192
+
+
+# --- training estimates (vrammath.estimate with vrammath.deepseek_moe_steps) -------------------
+
+SMALL = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 96,
+    "intermediate_size": 200,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "q_lora_rank": 40,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 3,
+    "n_group": 4,
+    "topk_group": 2,
+    "moe_intermediate_size": 48,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+}
+
+
+def test_fp32_routers_in_the_model_states() -> None:
+    """transformers keeps DeepSeek-V3's router weights in fp32 in a bf16 model: their weights,
+    gradients and Adam states are 4 bytes each (PyTorch counts 1,159,920 B of parameters and
+    of gradients for this config; the optimizer's 2,320,020 B add 180 B of step counters)."""
+    from vrammath.params import fp32_param_expr, param_count
+    from vrammath.states import model_state_bytes
+
+    spec = from_hf_config(SMALL)
+    routers = 8 * 96 * 2  # E h, in the two MoE layers
+    assert int(fp32_param_expr(spec).subs(size_values(spec))) == routers
+    states = model_state_bytes(spec, "bf16-pure", "adamw")
+    total = param_count(spec)
+    assert states["weights"] == states["gradients"] == 2 * total + 2 * routers == 1_159_920
+    assert states["optimizer"] == 4 * total + 4 * routers == 2_320_020 - 180
+
+
+def test_deepseek_v3_training_estimate_composes() -> None:
+    from vrammath.estimate import estimate
+    from vrammath.setup import Setup
+
+    setup = Setup(SPEC, recipe="bf16-pure", micro_batch=1, seq_len=4096, gpus=256, ep=64, zero=1)
+    est = estimate(setup)
+    values = {**size_values(SPEC), k_e: 8, b: 1, s: 4096}
+    kept = int(hf_activation_bytes(SPEC, "sdpa", "bf16").subs(values))
+    assert est.component("activations").bytes + est.component("logits_loss").bytes == kept
+    assert est.gpu_bytes == max(est.phases.values())
+    # 235.09 GiB (2^30 B) per GPU at its backward peak: HF keeps 168 GiB of activations
+    assert round(est.gpu_bytes / 2**30, 2) == 235.09
