@@ -218,3 +218,14 @@ def test_deepseek_v3_training_estimate_composes() -> None:
     assert est.gpu_bytes == max(est.phases.values())
     # 235.09 GiB (2^30 B) per GPU at its backward peak: HF keeps 168 GiB of activations
     assert round(est.gpu_bytes / 2**30, 2) == 235.09
+
+
+def test_cpu_math_kernel_peaks_are_refused_in_one_line() -> None:
+    from vrammath.estimate import estimate
+    from vrammath.setup import Setup
+
+    spec = from_hf_config({**SMALL, "v_head_dim": 16})  # qk_head_dim 24: the math kernel
+    with pytest.raises(InputError, match=r"^device: cpu: with v_head_dim != qk_head_dim") as info:
+        estimate(Setup(spec, recipe="bf16-pure", device="cpu"))
+    assert "\n" not in str(info.value)
+    assert estimate(Setup(from_hf_config(SMALL), recipe="bf16-pure", device="cpu")).gpu_bytes > 0

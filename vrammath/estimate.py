@@ -273,6 +273,14 @@ def _check_modelled(setup: Setup) -> None:
             "beside bf16 weights); use --zero 0, 1 or 2",
             got=setup.zero,
         )
+    lat = spec.latent
+    if lat is not None and setup.device == "cpu" and lat.v_dim != lat.nope_dim + lat.rope_dim:
+        raise InputError(
+            "device",
+            "cpu: with v_head_dim != qk_head_dim SDPA runs PyTorch's fp32 math kernel on a CPU, "
+            "whose score-sized transients the phase peaks do not model; use cuda",
+            got=setup.device,
+        )
     if spec.experts is None:
         return
     # mixture of experts: the HF grouped-matmul block, derived and measured in bf16 with SDPA
