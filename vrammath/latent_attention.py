@@ -55,7 +55,9 @@ K/V have all ``a`` heads). PyTorch's flash kernels need equal head dimensions:
 
 Eager and the CPU kernels are measured (``tests/measure/test_latent_attention.py``); the CUDA
 kernels are derived from PyTorch's source (``sdp_utils.cpp``, ``derivatives.yaml``, the flash
-output allocated like Q') and not measured: no GPU was at hand.
+output allocated like Q', the memory-efficient one's ``{B, M, heads, Kv}`` output and
+``kAlignLSE = 32``) and not measured: no GPU was at hand. On SM90/SM100 GPUs with a recent cuDNN,
+PyTorch may prefer its cuDNN kernel, which this does not describe.
 
 Examples
 ========
