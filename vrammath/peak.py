@@ -272,7 +272,12 @@ def hf_phase_peaks(
         (4 - grad_bytes) * V * h if device == "cpu" and grad_bytes < 4 else sympy.Integer(0)
     )
     top_slides = spec.attention.window_layers > 0 and spec.attention.last_layer_slides
-    layer_terms = hf_layer_terms(spec, attention, precision, device=device, sliding=top_slides)
+    if spec.latent is not None:  # DeepSeek-V3's latent attention in place of LLaMA's
+        from vrammath.latent_attention import mla_layer_terms
+
+        layer_terms = mla_layer_terms(spec, attention, precision, device=device)
+    else:
+        layer_terms = hf_layer_terms(spec, attention, precision, device=device, sliding=top_slides)
     layer_total = sum(layer_terms.values(), sympy.Integer(0))
     recomputed = layer_total if recompute == "full" else sympy.Integer(0)
     score = a * s**2 * b
@@ -332,6 +337,11 @@ def hf_phase_peaks(
         )
         # a dense layer's own candidates stay where the model has dense layers
         dense = len(spec.experts.layers) < spec.layers
+        if dense and spec.latent is not None and recompute == "full":
+            # DeepSeek-V3's dense layers all run before its MoE layers, when the fewest
+            # checkpoints exist: the dense layer's candidate (a whole layer's saved tensors on
+            # top of every checkpoint) would stand above the forward it bounds
+            in_layers = []
         in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
         in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
     phases = {
