@@ -7,8 +7,9 @@ an optional extra).
 
 Scope: decoder-only transformers read from their config.json by one reader per ``model_type``
 (:data:`vrammath.readers.READERS`: LLaMA, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo-2, StarCoder2,
-GPT-2, GPT-NeoX, and the mixture-of-experts Mixtral, Qwen2/3-MoE and DeepSeek-V3, whose training
-activations are refused until derived); mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam,
+GPT-2, GPT-NeoX, and the mixture-of-experts Mixtral, Qwen2/3-MoE (trained in bf16 with SDPA and
+expert parallelism) and DeepSeek-V3, whose training estimate is refused until its latent
+attention is derived); mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam,
 Adafactor; ZeRO 0-3 / FSDP with CPU offload; tensor, sequence, pipeline and expert parallelism;
 LoRA/QLoRA; serving with the KV cache. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 
@@ -41,9 +42,28 @@ from vrammath.korthikanti import (
     korthikanti_layer_terms,
 )
 from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
+from vrammath.latent_korthikanti import mla_attention_terms
 from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
 from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
 from vrammath.model import ModelSpec, from_hf_config
+from vrammath.moe_capacity import expert_capacity, expert_rows, moe_mlp_terms
+from vrammath.moe_korthikanti import (
+    BF16_FLASH,
+    DEEPSEEK_V3_LAYOUT,
+    DEEPSEEK_V3_POLICY,
+    ActivationPolicy,
+    LayoutMemory,
+    deepseek_v3_training_memory,
+    layout_memory,
+    moe_layer_exprs,
+)
+from vrammath.moe_layout import (
+    DEEPSEEK_V3_RECIPE,
+    Layout,
+    RankParams,
+    layout_state_bytes,
+    layout_state_exprs,
+)
 from vrammath.parallel import (
     FSDP_STRATEGIES,
     convention_bytes,
@@ -98,9 +118,13 @@ from vrammath.units import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BF16_FLASH",
     "BNB_BLOCK",
     "BNB_MIN_8BIT_SIZE",
     "COMPONENTS",
+    "DEEPSEEK_V3_LAYOUT",
+    "DEEPSEEK_V3_POLICY",
+    "DEEPSEEK_V3_RECIPE",
     "DEFAULT_RESERVE_BYTES",
     "FORMULAS",
     "FSDP_STRATEGIES",
@@ -108,15 +132,19 @@ __all__ = [
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
     "RECIPES",
+    "ActivationPolicy",
     "Budget",
     "Component",
     "Estimate",
     "Fit",
     "GiB",
     "InputError",
+    "Layout",
+    "LayoutMemory",
     "MiB",
     "ModelSpec",
     "Plan",
+    "RankParams",
     "Serve",
     "Setup",
     "Solution",
@@ -125,9 +153,12 @@ __all__ = [
     "bytes_per_param",
     "cheapest_fit",
     "convention_bytes",
+    "deepseek_v3_training_memory",
     "dtype_bytes",
     "estimate",
     "exact_bytes",
+    "expert_capacity",
+    "expert_rows",
     "fewest_gpus",
     "fit",
     "fmt_bytes",
@@ -152,6 +183,9 @@ __all__ = [
     "largest",
     "largest_micro_batch",
     "largest_tensor_numel",
+    "layout_memory",
+    "layout_state_bytes",
+    "layout_state_exprs",
     "load_config_file",
     "load_gpus",
     "load_model",
@@ -161,9 +195,12 @@ __all__ = [
     "lora_param_expr",
     "lora_state_exprs",
     "lora_values",
+    "mla_attention_terms",
     "model_names",
     "model_state_bytes",
     "model_state_exprs",
+    "moe_layer_exprs",
+    "moe_mlp_terms",
     "nf4_published_bits_per_param",
     "optimizer_step_temp_bytes",
     "param_count",

@@ -36,8 +36,8 @@ from vrammath.activation_parts import (
     _unit_offset_norm_kept,
 )
 from vrammath.errors import InputError
+from vrammath.latent_attention import mla_rope_bytes
 from vrammath.layer_terms import (
-    _check_dropout,
     hf_layer_bytes,
     hf_layer_terms,
     window_reached,
@@ -169,9 +169,6 @@ def hf_activation_terms(
     ['final_norm', 'head_input', 'head_weight_cast', 'layers', 'logits_loss', 'rope']
     """
     _check("recompute", recompute, HF_RECOMPUTE)
-    if recompute == "full" and not spec.attention.fused_qkv:
-        # the attention kernel's tensors are recomputed: only autocast is refused with dropout
-        _check_dropout(spec, "eager", precision, device)
     c, autocast = _precision(precision)
     res = _residual_bytes(precision)
     sb = s * b
@@ -191,12 +188,15 @@ def hf_activation_terms(
         # a partial table has 2 ceil(r / 2) columns: the frequencies of every other dimension, twice
         width = d if rotary is None else 2 * (-(-rotary // 2))
         terms["rope"] = 2 * s * width * (4 if spec.attention.rope_fp32 else res)
+        if spec.latent is not None:  # DeepSeek-V3's tables are qk_rope_head_dim wide
+            terms["rope"] = mla_rope_bytes(spec, precision)
         n_win = _window_layer_count(spec)
         if spec.attention.qk_norm == "head" and spec.norms.unit_offset and n_win not in (0, L):
             # Gemma-3: a second (cos, sin) pair with the sliding layers' own base
             terms["rope"] *= 2
     if spec.embeddings.dropout > 0:
-        terms["embedding_dropout"] = _dropout_mask_bytes(c, device) * sb * h
+        # the mask has the embeddings' dtype: the parameters' (fp32 under autocast)
+        terms["embedding_dropout"] = _dropout_mask_bytes(res, device) * sb * h
     if learned:
         terms["positions"] = 8 * s  # int64 position ids kept by the position embedding
     terms["final_norm"] = (
@@ -212,24 +212,25 @@ def hf_activation_terms(
 
 # --- mixture-of-experts layers (vrammath.moe) ---------------------------------------------------
 
-MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 """MoE model types whose whole layer is derived: GQA attention as LLaMA's (with Qwen3's q/k
-norms), MoE MLP measured."""
+norms) or DeepSeek-V3's latent attention (:mod:`vrammath.latent_attention`), MoE MLP measured."""
 
 
 def _moe_layers_bytes(
     spec: ModelSpec, attention: Attention, precision: Precision, device: Literal["cuda", "cpu"]
 ) -> sympy.Expr:
     """``L - L_e`` dense layers plus ``L_e`` layers whose SwiGLU term is the MoE block's
-    (:func:`vrammath.moe.moe_mlp_kept_exprs`; the block's output is freed by the residual add)."""
+    (:func:`vrammath.moe.moe_mlp_kept_exprs`; the block's output is freed by the residual add).
+    Latent attention's layer is :func:`vrammath.latent_attention.mla_layer_terms`."""
+    from vrammath.latent_attention import mla_layer_terms
     from vrammath.moe import moe_mlp_kept_exprs
     from vrammath.symbols import L_e
 
     if spec.model_type not in MOE_ACTIVATION_TYPES:
-        missing = "latent attention" if spec.latent is not None else "its attention"
         raise InputError(
             "model",
-            f"activations of {spec.model_type} need {missing}, not derived yet "
+            f"activations of {spec.model_type} are not derived yet "
             f"(derived: {', '.join(MOE_ACTIVATION_TYPES)})",
             got=spec.name,
         )
@@ -241,7 +242,10 @@ def _moe_layers_bytes(
             got=precision,
         )
     # Qwen3-MoE's q/k norms are Qwen3's (qk_norm_bytes, in the layer terms' "qk_norms")
-    terms = hf_layer_terms(spec, attention, precision, device=device)
+    if spec.latent is not None:
+        terms = mla_layer_terms(spec, attention, precision, device=device)
+    else:
+        terms = hf_layer_terms(spec, attention, precision, device=device)
     dense = sum(terms.values(), sympy.Integer(0))
     moe = moe_mlp_kept_exprs(spec)
     moe_layer = dense - terms["mlp"] + moe["router"] + moe["experts"] + moe["shared"]

@@ -26,6 +26,7 @@ from functools import cached_property
 import sympy
 
 from vrammath.errors import InputError
+from vrammath.moe import ep_replica_params, expert_values
 from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
@@ -203,6 +204,8 @@ def _values(setup: Setup) -> dict[sympy.Symbol, int]:
         values[P] = rank_param_count(setup.model, setup.tp, setup.pp)
     if setup.lora_rank is not None:
         values[r] = setup.lora_rank
+    if setup.model.experts is not None:
+        values |= expert_values(setup.model, setup.ep)
     return values
 
 
@@ -224,7 +227,8 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     dim0 = None
     if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
         dim0 = dim0_shard_params(setup.model)
-    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0)
+    replica = ep_replica_params() if setup.ep > 1 else None
+    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0, replica=replica)
 
 
 def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
@@ -250,16 +254,67 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
 
 def _check_modelled(setup: Setup) -> None:
     """Refuse what the composition does not describe yet, naming what is missing."""
+    from vrammath.activations import MOE_ACTIVATION_TYPES
+    from vrammath.setup import PRECISION_OF
+
     spec = setup.model
-    if spec.experts is not None or spec.latent is not None:
-        missing = "routed-expert" if spec.experts is not None else "latent-attention"
+    if spec.experts is not None and spec.model_type not in MOE_ACTIVATION_TYPES:
         raise InputError(
             "model",
-            f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
-            "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
-            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe, qwen3_moe; "
-            "serving: vrammath serve)",
+            f"training estimates of {spec.model_type} are not modelled yet (estimated MoE: "
+            f"{', '.join(MOE_ACTIVATION_TYPES)}; parameters: vrammath.moe.param_summary; "
+            "states: vrammath.moe.ep_state_bytes; serving: vrammath serve)",
             got=spec.name,
+        )
+    if spec.latent is not None and setup.zero == 3:
+        raise InputError(
+            "zero",
+            "3: ZeRO-3 of deepseek_v3 is not modelled (FSDP2 units holding its fp32 routers "
+            "beside bf16 weights); use --zero 0, 1 or 2",
+            got=setup.zero,
+        )
+    lat = spec.latent
+    if lat is not None and setup.device == "cpu" and lat.v_dim != lat.nope_dim + lat.rope_dim:
+        raise InputError(
+            "device",
+            "cpu: with v_head_dim != qk_head_dim SDPA runs PyTorch's fp32 math kernel on a CPU, "
+            "whose score-sized transients the phase peaks do not model; use cuda",
+            got=setup.device,
+        )
+    if spec.experts is None:
+        return
+    # mixture of experts: the HF grouped-matmul block, derived and measured in bf16 with SDPA
+    if setup.tp > 1 or setup.pp > 1:
+        raise InputError(
+            "tp/pp",
+            "tensor and pipeline parallelism of mixture-of-experts models are not modelled "
+            "(expert tensor parallelism, MoE pipeline stages); use --ep with --zero",
+            got=(setup.tp, setup.pp),
+        )
+    if setup.activation_formula != "hf":
+        raise InputError(
+            "activation_model",
+            "mixture-of-experts activations are HF-exact only (Korthikanti et al.'s formula has "
+            "no experts); use hf or auto with recompute none or full",
+            got=setup.activation_model,
+        )
+    if setup.lora_rank is not None:
+        raise InputError(
+            "lora_rank", "LoRA on mixture-of-experts models is not modelled", got=setup.lora_rank
+        )
+    if PRECISION_OF[setup.recipe] != "bf16":
+        raise InputError(
+            "recipe",
+            "mixture-of-experts training is derived for a bf16 forward only (bf16-pure, "
+            "bf16-mixed, bf16-megatron: transformers' grouped matmul takes bf16 inputs, so fp32, "
+            "fp16 and autocast cannot be counted in fake mode)",
+            got=setup.recipe,
+        )
+    if setup.attention != "sdpa":
+        raise InputError(
+            "attention",
+            "mixture-of-experts phase peaks are derived for sdpa only",
+            got=setup.attention,
         )
 
 

@@ -46,6 +46,7 @@ from vrammath.layer_peaks import (
     hf_checkpointed_backward_bytes,
     hf_checkpointed_forward_bytes,
     hf_last_layer_forward_bytes,
+    hf_math_attention_forward_bytes,
     hf_top_layer_backward_bytes,
 )
 from vrammath.layer_terms import hf_layer_terms
@@ -111,11 +112,14 @@ def _with_kept_outputs(
     return {k: e + add.get(k, 0) for k, e in phases.items()}
 
 
-def _gradient_shares(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr]:
+def _gradient_shares(
+    spec: ModelSpec, done: tuple[str, ...] | None = None
+) -> tuple[sympy.Expr, sympy.Expr]:
     """Parameters whose gradients exist at a layer's attention backward, at the top layer and
     at the bottom one: at the top the head, the final norm and the layer's MLP, second norm and
     output projection; at the bottom everything but the input side (the untied embedding,
-    learned positions) and the layer's first norm and q/k/v."""
+    learned positions) and the layer's first norm and q/k/v. ``done`` names the layer's only
+    tensors whose gradients exist (a backward further up the layer: GPT-2's GeLU)."""
     own = (
         "input_layernorm",
         "self_attn.q_proj",
@@ -125,7 +129,10 @@ def _gradient_shares(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr]:
         "attn.c_attn.",
     )
     per_layer = [t for t in tensors(spec) if t.count == L]
-    pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
+    if done is None:
+        pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
+    else:
+        pending = sympy.Add(*(t.numel for t in per_layer if not t.name.startswith(done)))
     outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
     last = sympy.Add(
         *(
@@ -173,11 +180,18 @@ def _checkpointed_peaks(
         return in_layer, None
     top, bottom = _gradient_shares(spec)
     layer = backward["layer"]
-    recomputing = _peak(
+    candidates = [
         before + layer + gradients * top / P,
         before - (L - 1) * backward["checkpoint"] + layer + gradients * bottom / P,
-    )
-    return in_layer, recomputing
+    ]
+    if "mlp_layer" in backward:  # the MLP's backward: only its output projection is done
+        top, bottom = _gradient_shares(spec, done=("mlp.c_proj", "mlp.down_proj"))
+        mlp = backward["mlp_layer"]
+        candidates += [
+            before + mlp + gradients * top / P,
+            before - (L - 1) * backward["checkpoint"] + mlp + gradients * bottom / P,
+        ]
+    return in_layer, _peak(*candidates)
 
 
 def _peak(*candidates: sympy.Expr) -> sympy.Expr:
@@ -229,6 +243,10 @@ def hf_phase_peaks(
       (:func:`~vrammath.layer_peaks.hf_top_layer_backward_bytes`), each with the weight
       gradients made by then as their share of G; elsewhere one layer's activations recomputed
       and the softmax backward's score-sized tensors; each + F.
+    * For a mixture-of-experts model (SDPA, bf16) the in-layer candidates of both passes are the
+      MoE blocks' own, op by op, at the topmost and the bottommost MoE layer
+      (:func:`vrammath.moe_peaks.moe_phase_candidates`), beside a dense layer's where the model
+      has dense layers.
     * With ``groups.outputs`` (the loop keeps the model output) every phase adds it
       (:func:`vrammath.terms.kept_outputs`).
     * ``step_peak`` = W + O + G + T. In the first iteration O is created inside this step and is
@@ -268,7 +286,12 @@ def hf_phase_peaks(
         (4 - grad_bytes) * V * h if device == "cpu" and grad_bytes < 4 else sympy.Integer(0)
     )
     top_slides = spec.attention.window_layers > 0 and spec.attention.last_layer_slides
-    layer_terms = hf_layer_terms(spec, attention, precision, device=device, sliding=top_slides)
+    if spec.latent is not None:  # DeepSeek-V3's latent attention in place of LLaMA's
+        from vrammath.latent_attention import mla_layer_terms
+
+        layer_terms = mla_layer_terms(spec, attention, precision, device=device)
+    else:
+        layer_terms = hf_layer_terms(spec, attention, precision, device=device, sliding=top_slides)
     layer_total = sum(layer_terms.values(), sympy.Integer(0))
     recomputed = layer_total if recompute == "full" else sympy.Integer(0)
     score = a * s**2 * b
@@ -292,13 +315,15 @@ def hf_phase_peaks(
     in_layer = fwd_end - loss["kept"] + (fwd_layer if recompute == "full" else 0) + cast_cache
     forward_candidates = [fwd_end + loss["forward_transient"] + cast_cache]
     unchecked = hf_last_layer_forward_bytes(spec, attention, precision, device=device)
+    if attention == "sdpa" and device == "cpu":  # the math kernel of SDPA with dropout
+        unchecked = hf_math_attention_forward_bytes(spec, precision)
     if recompute == "none" and unchecked is not None:
         # the last layer's softmax, before the final norm and the head exist
         tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
         after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
         forward_candidates.append(in_layer - after - unchecked["later"] + unchecked["live"])
     recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
-    top_layer = hf_top_layer_backward_bytes(spec, attention, precision)
+    top_layer = hf_top_layer_backward_bytes(spec, attention, precision, device=device)
     if recompute == "none" and top_layer is not None:
         tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
         after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
@@ -312,12 +337,35 @@ def hf_phase_peaks(
         )
         in_layer = exact[0] if exact[0] is not None else in_layer
         recomputing = exact[1] if exact[1] is not None else recomputing
+    in_layers = [in_layer]
+    in_backward = [recomputing]
+    if spec.experts is not None:  # the MoE blocks' own op-by-op peaks replace a dense layer's
+        from vrammath.moe_peaks import moe_phase_candidates
+
+        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
+        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
+        moe = moe_phase_candidates(
+            spec,
+            before=act - loss["kept"] - after,
+            dense_layer=layer_terms,
+            G=G,
+            recompute=recompute,
+        )
+        # a dense layer's own candidates stay where the model has dense layers
+        dense = len(spec.experts.layers) < spec.layers
+        if dense and spec.latent is not None and recompute == "full":
+            # DeepSeek-V3's dense layers all run before its MoE layers, when the fewest
+            # checkpoints exist: the dense layer's candidate (a whole layer's saved tensors on
+            # top of every checkpoint) would stand above the forward it bounds
+            in_layers = []
+        in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
+        in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
     phases = {
         "forward_end": fwd_end,
-        "forward_peak": _peak(*forward_candidates, in_layer) + gathered,
+        "forward_peak": _peak(*forward_candidates, *in_layers) + gathered,
         "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
-            recomputing + gathered,
+            *(x + gathered for x in in_backward),
             W + O_before + G + embed_temp + gathered + reduce_buffer,
         ),
         "step_peak": W + O_ + G + T_opt,
