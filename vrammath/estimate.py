@@ -190,7 +190,8 @@ def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:
     return int(sympy.ceiling(number))
 
 
-def _values(setup: Setup) -> dict[sympy.Symbol, int]:
+def _values(ctx: Context) -> dict[sympy.Symbol, int]:
+    setup = ctx.setup
     values: dict[sympy.Symbol, int] = {
         **state_values(setup.model),
         N_d: setup.gpus,
@@ -200,12 +201,14 @@ def _values(setup: Setup) -> dict[sympy.Symbol, int]:
         p: setup.pp,
         m: setup.chunks,
     }
-    if setup.tp > 1 or setup.pp > 1:
+    if (setup.tp > 1 or setup.pp > 1) and not setup.korthikanti_moe:
         values[P] = rank_param_count(setup.model, setup.tp, setup.pp)
     if setup.lora_rank is not None:
         values[r] = setup.lora_rank
     if setup.model.experts is not None:
         values |= expert_values(setup.model, setup.ep)
+    if setup.korthikanti_moe:  # the busiest pipeline rank of vrammath.moe_layout
+        values |= ctx.moe_values
     return values
 
 
@@ -258,6 +261,9 @@ def _check_modelled(setup: Setup) -> None:
     from vrammath.setup import PRECISION_OF
 
     spec = setup.model
+    if setup.korthikanti_moe:
+        _check_korthikanti_moe(setup)
+        return
     if spec.experts is not None and spec.model_type not in MOE_ACTIVATION_TYPES:
         raise InputError(
             "model",
@@ -318,6 +324,45 @@ def _check_modelled(setup: Setup) -> None:
         )
 
 
+def _check_korthikanti_moe(setup: Setup) -> None:
+    """Refuse what the Korthikanti-style mixture-of-experts path does not describe yet."""
+    from vrammath.setup import PRECISION_OF
+
+    if setup.tp > 1:
+        raise InputError(
+            "tp",
+            "tensor parallelism of Korthikanti-style mixture-of-experts / latent-attention "
+            "stages is not composed yet (vrammath.moe_layout divides MLA's down projections, "
+            "which Megatron-Core replicates); use --tp 1 with --pp and --ep",
+            got=setup.tp,
+        )
+    if setup.recompute == "full":
+        raise InputError(
+            "recompute",
+            "full: the recomputed MoE layer's transient is not in the Korthikanti phase peaks; "
+            "use none or selective (the same here: the policies assume a flash kernel)",
+            got=setup.recompute,
+        )
+    if setup.attention != "sdpa":
+        raise InputError(
+            "attention",
+            "the Korthikanti-style mixture-of-experts policies assume a flash kernel (no "
+            "score-sized tensors); use sdpa",
+            got=setup.attention,
+        )
+    if PRECISION_OF[setup.recipe] not in ("bf16", "fp16"):
+        raise InputError(
+            "recipe",
+            "the Korthikanti-style mixture-of-experts policies keep 16-bit (or FP8) "
+            "activations; use a bf16 or fp16 recipe (deepseek-v3-fp8, bf16-megatron, ...)",
+            got=setup.recipe,
+        )
+    if setup.lora_rank is not None:
+        raise InputError(
+            "lora_rank", "LoRA on mixture-of-experts models is not modelled", got=setup.lora_rank
+        )
+
+
 def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     """Evaluate every memory component of ``setup`` for one GPU (and its host, when offloading),
     and the peak of each phase of a training iteration.
@@ -344,8 +389,8 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
     _check_modelled(setup)
-    values = _values(setup)
     ctx = Context(setup)
+    values = _values(ctx)
     built: list[tuple[Term, sympy.Expr]] = []
     comps: list[Component] = []
     for term in terms:
@@ -367,7 +412,11 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
             )
     groups = _groups(built)
     if setup.activation_formula == "korthikanti":
-        phases = korthikanti_phase_peaks(groups, iteration=ctx.iteration)
+        # Megatron-Core's persistent fp32 gradient buffer, into which the micro-batches of a
+        # pipeline accumulate, is kept beside the activations on the MoE path
+        phases = korthikanti_phase_peaks(
+            groups, iteration=ctx.iteration, gradients_resident=setup.korthikanti_moe
+        )
     else:
         phases = hf_phase_peaks(
             setup.model,

@@ -72,16 +72,9 @@ SHARDED_FROM = {"weights": 3, "gradients": 2, "master": 1, "optimizer": 1}
 STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 
 #: The precision of DeepSeek-V3 (report Section 3.3), bf16 weights for compute (FP8 made per
-#: GEMM), fp32 gradients and master weights, AdamW moments in bf16.
-DEEPSEEK_V3_RECIPE = Recipe(
-    "deepseek-v3-fp8",
-    2,
-    4,
-    4,
-    2,
-    "fp8",
-    "bf16 weights (FP8 GEMMs), fp32 gradients and master weights, bf16 AdamW moments",
-)
+#: GEMM), fp32 gradients and master weights, AdamW moments in bf16: the recipe
+#: ``deepseek-v3-fp8`` of :data:`vrammath.states.RECIPES`.
+DEEPSEEK_V3_RECIPE = recipe("deepseek-v3-fp8")
 
 
 @dataclass(frozen=True)
@@ -149,7 +142,13 @@ def _recipe(value: Recipe | str) -> Recipe:
     return value if isinstance(value, Recipe) else recipe(value)
 
 
-def _widths(rec: Recipe, optimizer: str) -> dict[str, int]:
+def state_widths(rec: Recipe, optimizer: str) -> dict[str, int]:
+    """Bytes per parameter of each model state on a layout: every parameter at the recipe's
+    width (no fp32 exceptions), full-size optimizer states only.
+
+    >>> state_widths(DEEPSEEK_V3_RECIPE, "adamw")
+    {'weights': 2, 'gradients': 4, 'master': 4, 'optimizer': 4}
+    """
     if optimizer not in STATE_TENSORS:
         raise InputError(
             "optimizer",
@@ -177,7 +176,7 @@ def layout_state_exprs(
     >>> layout_state_exprs("bf16-mixed", "adamw", zero=0)["master"]
     4*P/(p*t) - 4*P_e/(p*t) + 4*P_e/(n_ep*p*t)
     """
-    widths = _widths(_recipe(recipe_name), optimizer)
+    widths = state_widths(_recipe(recipe_name), optimizer)
     stage = zero_stage(zero)
     held = copies * ((P - P_e) / (p * t) + P_e / (p * t * n_ep))
     sharded = P / (p * t * N_d)  # copies stages, each sharded over copies * N_d ranks
@@ -312,7 +311,7 @@ def layout_state_bytes(
     >>> rank.stages, round(sum(states.values()) / 2**30, 2)  # GiB on the busiest rank
     ((0, 15), 31.31)
     """
-    widths = _widths(_recipe(recipe_name), optimizer)
+    widths = state_widths(_recipe(recipe_name), optimizer)
     stage = zero_stage(layout.zero)
 
     def states(rank: RankParams) -> dict[str, int]:
@@ -335,4 +334,5 @@ __all__ = [
     "layout_state_exprs",
     "rank_params",
     "stage_params",
+    "state_widths",
 ]
