@@ -1,5 +1,5 @@
-"""Per-GPU memory of a mixture-of-experts training layout: Korthikanti-style activations composed
-with the layout's model states, and DeepSeek-V3 on 2,048 H800s.
+"""Per-GPU memory of a mixture-of-experts training layout: Korthikanti-style activations of
+mixture-of-experts and latent-attention layers, and DeepSeek-V3 on 2,048 H800s.
 
 Explanation
 ===========
@@ -29,7 +29,16 @@ kernel (no ``a s^2 b`` tensors, Korthikanti's selective recomputation), or DeepS
 recomputed; GEMM inputs cached in FP8, the attention output projection's in E5M6), with the
 routing weights applied inside the experts' activation as Megatron-Core's grouped experts do
 (the report does not say where its combine takes them; keeping the experts' outputs instead adds
-``2 B s b k h`` per MoE layer).
+``2 B s b k h`` per MoE layer: the policy ``deepseek-v3-outputs-kept``).
+
+This module composes nothing itself. :func:`vrammath.estimate.estimate` is the one composition:
+for a setup with ``Setup.korthikanti_moe`` the ``activations`` row of
+:data:`vrammath.terms.TERMS` is :func:`layout_activation_exprs`' ``layers`` and its
+``logits_loss`` row the ``head``; the state rows hold ``P`` of the busiest pipeline rank
+(:func:`busiest_rank`, :func:`rank_values`) at the recipe's widths, and the gradients stay
+resident beside the activations (:func:`vrammath.peak.korthikanti_phase_peaks`). The layout
+functions below (:func:`layout_memory`, :func:`deepseek_v3_training_memory`) build that
+:class:`~vrammath.setup.Setup` (:func:`layout_setup`) and read the estimate.
 
 Examples
 ========
