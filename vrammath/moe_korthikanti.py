@@ -35,7 +35,7 @@ This module composes nothing itself. :func:`vrammath.estimate.estimate` is the o
 for a setup with ``Setup.korthikanti_moe`` the ``activations`` row of
 :data:`vrammath.terms.TERMS` is :func:`layout_activation_exprs`' ``layers`` and its
 ``logits_loss`` row the ``head``; the state rows hold ``P`` of the busiest pipeline rank
-(:func:`busiest_rank`, :func:`rank_values`) at the recipe's widths, and the gradients stay
+(:func:`vrammath.moe_stage.busiest_rank`, :func:`vrammath.moe_stage.rank_values`) at the recipe's widths, and the gradients stay
 resident beside the activations (:func:`vrammath.peak.korthikanti_phase_peaks`). The layout
 functions below (:func:`layout_memory`, :func:`deepseek_v3_training_memory`) build that
 :class:`~vrammath.setup.Setup` (:func:`layout_setup`) and read the estimate.
@@ -58,7 +58,6 @@ References
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -75,12 +74,11 @@ from vrammath.moe_layout import (
     Layout,
     RankParams,
     check_layout,
-    layout_state_bytes,
 )
 from vrammath.params import size_values
 from vrammath.presets import load_model
 from vrammath.states import Recipe, recipe
-from vrammath.symbols import N_d, P, P_e, b, h, k_e, n_ep, s, t
+from vrammath.symbols import b, h, k_e, s, t
 from vrammath.vocab import (
     ACTIVATION_POLICY_NAMES,
     OPTIMIZERS,
@@ -322,73 +320,6 @@ def layout_activation_bytes(
     return {k: int(sympy.ceiling(e.xreplace(values))) for k, e in exprs.items()}
 
 
-def setup_layout(setup: Setup) -> Layout:
-    """The :class:`~vrammath.moe_layout.Layout` of a setup: ``Setup.gpus`` is the
-    data-parallel group, so the layout has ``gpus * pp * tp`` GPUs.
-
-    >>> from vrammath.presets import load_model
-    >>> from vrammath.setup import Setup
-    >>> setup_layout(Setup(load_model("mixtral-8x7b"), gpus=8, pp=2, ep=8, zero=1))
-    Layout(gpus=16, pp=2, tp=1, ep=8, zero=1, schedule='1f1b')
-    """
-    return Layout(
-        setup.gpus * setup.pp * setup.tp,
-        pp=setup.pp,
-        tp=setup.tp,
-        ep=setup.ep,
-        zero=setup.zero,
-        schedule=setup.schedule,
-    )
-
-
-def busiest_rank(setup: Setup) -> RankParams:
-    """The pipeline rank whose model states are the largest
-    (:func:`vrammath.moe_layout.layout_state_bytes`), refused by name where the layout is not
-    modelled.
-
-    >>> from vrammath.presets import load_model
-    >>> from vrammath.setup import Setup
-    >>> busiest_rank(Setup(load_model("mixtral-8x7b"), gpus=8, pp=4, ep=8, zero=1)).stages
-    (3,)
-    """
-    layout = setup_layout(setup)
-    check_layout(setup.model, layout)
-    rank, _ = layout_state_bytes(setup.model, layout, setup.recipe, setup.optimizer)
-    return rank
-
-
-def rank_values(setup: Setup, rank: RankParams) -> dict[sympy.Symbol, int]:
-    """``P``, ``P_e``, ``n_ep`` and ``N_d`` of the busiest rank, so that the state rows of
-    :data:`vrammath.terms.TERMS` (``P`` unsharded, ``P - P_e + P_e / n_ep`` under expert
-    parallelism, ``P / N_d`` once sharded) give :func:`~vrammath.moe_layout.layout_state_bytes`.
-
-    Explanation
-    ===========
-
-    ``P`` is the rank's stages before expert parallelism (its dense part plus ``e_p`` times its
-    local experts) and ``P_e`` their routed experts. A sharded state is ``P / (N_d c)`` on
-    :mod:`vrammath.moe_layout`'s rank, ``c`` the stages it holds (2 under DualPipe, whose
-    two copies of a stage shard its states together), so ``N_d`` is the data-parallel group
-    times ``c``.
-
-    >>> from vrammath.presets import load_model
-    >>> from vrammath.setup import Setup
-    >>> setup = Setup(load_model("deepseek-v3"), gpus=128, pp=16, ep=64, zero=1,
-    ...               schedule="dualpipe", activation_model="korthikanti")
-    >>> values = rank_values(setup, busiest_rank(setup))
-    >>> values[N_d], values[P] - values[P_e] + values[P_e] // values[n_ep]
-    (256, 5343227904)
-    """
-    experts = rank.experts * setup.ep
-    out = {
-        P: math.ceil(rank.dense + experts),
-        N_d: setup.gpus * setup_layout(setup).copies,
-    }
-    if setup.model.experts is not None:
-        out |= {P_e: math.ceil(experts), n_ep: setup.ep}
-    return out
-
-
 @dataclass(frozen=True)
 class LayoutMemory:
     """Per-GPU memory of the busiest rank of a layout: its parameters, model states and
@@ -496,6 +427,8 @@ def layout_memory(
         imbalance=imbalance,
     )
     est = estimate(setup)
+    from vrammath.moe_stage import busiest_rank
+
     keys = {c.key: c.bytes for c in est.components}
     states = {k: keys.get(k) or 0 for k in ("weights", "gradients", "master", "optimizer")}
     acts = {"layers": keys["activations"] or 0}
@@ -567,7 +500,6 @@ __all__ = [
     "POLICIES",
     "ActivationPolicy",
     "LayoutMemory",
-    "busiest_rank",
     "deepseek_v3_training_memory",
     "layer_counts",
     "layout_activation_bytes",
@@ -576,6 +508,4 @@ __all__ = [
     "layout_setup",
     "moe_layer_exprs",
     "policy_name",
-    "rank_values",
-    "setup_layout",
 ]

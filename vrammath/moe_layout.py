@@ -61,7 +61,7 @@ from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
 from vrammath.moe import check_ep, mtp_param_count
 from vrammath.parallel import zero_stage
-from vrammath.params import Tensor, size_values, tensors
+from vrammath.params import Tensor, rank_share, size_values, tensors
 from vrammath.states import Recipe, recipe
 from vrammath.symbols import L, L_e, N_d, P, P_e, n_ep, p, t
 
@@ -217,8 +217,11 @@ def stage_params(spec: ModelSpec, layout: Layout) -> list[tuple[Fraction, Fracti
     """(dense, expert) parameters of each pipeline stage on one tensor/expert-parallel rank.
 
     Norms and routers are replicated over tensor-parallel ranks; the rest is split over ``tp``
-    (as :func:`vrammath.params.rank_param_count` does; Megatron-Core replicates MLA's down
-    projections, which this split divides), the routed experts over ``tp * ep``.
+    (:func:`vrammath.params.rank_share`, the rule :func:`vrammath.params.rank_param_count`
+    uses; Megatron-Core replicates MLA's down projections, which this split divides), the routed
+    experts over ``tp * ep``. The stages differ from ``rank_param_count``'s: layers
+    ``floor(j n / p)`` onward here (the MTP layers included), ``ceil(L / p)`` per stage there
+    (the fullest stage, as Korthikanti et al.'s first stage).
 
     >>> from vrammath.presets import load_model
     >>> [(int(d), int(e)) for d, e in stage_params(load_model("mixtral-8x7b"), Layout(8, ep=8))]
@@ -228,10 +231,7 @@ def stage_params(spec: ModelSpec, layout: Layout) -> list[tuple[Fraction, Fracti
     tp, ep = layout.tp, layout.ep
 
     def split(tensor: Tensor) -> Fraction:
-        numel = int(tensor.numel.subs(values))
-        if tensor.component in ("norms", "positions", "router"):
-            return Fraction(numel)
-        return Fraction(numel, tp * ep if tensor.component == "experts" else tp)
+        return rank_share(tensor, int(tensor.numel.subs(values)), tp, ep)
 
     def part(pick: list[Tensor]) -> tuple[Fraction, Fraction]:
         dense = sum((split(x) for x in pick if x.component != "experts"), Fraction(0))

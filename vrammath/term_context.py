@@ -28,14 +28,9 @@ from vrammath.activations import activation_exprs
 from vrammath.lora import lora_state_exprs
 from vrammath.model import ModelSpec
 from vrammath.moe_capacity import ratio
-from vrammath.moe_korthikanti import (
-    POLICIES,
-    busiest_rank,
-    layout_activation_exprs,
-    rank_values,
-    setup_layout,
-)
+from vrammath.moe_korthikanti import POLICIES, layout_activation_exprs
 from vrammath.moe_layout import RankParams, state_widths
+from vrammath.moe_stage import busiest_rank, rank_values, setup_layout
 from vrammath.params import tensors
 from vrammath.peak import Iteration
 from vrammath.quant import frozen_base_exprs
@@ -154,13 +149,13 @@ class Context:
     @cached_property
     def moe_rank(self) -> RankParams:
         """The busiest pipeline rank of a Korthikanti-style mixture-of-experts or latent-attention
-        setup (:func:`vrammath.moe_korthikanti.busiest_rank`)."""
+        setup (:func:`vrammath.moe_stage.busiest_rank`)."""
         return busiest_rank(self.setup)
 
     @cached_property
     def moe_values(self) -> dict[sympy.Symbol, int]:
         """``P``, ``P_e``, ``n_ep``, ``N_d`` of that rank
-        (:func:`vrammath.moe_korthikanti.rank_values`)."""
+        (:func:`vrammath.moe_stage.rank_values`)."""
         return rank_values(self.setup, self.moe_rank)
 
     @cached_property
