@@ -379,7 +379,11 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
 
     With ``tp`` or ``pp`` above 1, ``P`` stands for the parameters of the fullest
     tensor/pipeline rank (:func:`vrammath.params.rank_param_count`) and the activations are
-    Korthikanti et al.'s first pipeline stage.
+    Korthikanti et al.'s first pipeline stage. A mixture-of-experts or latent-attention model
+    under Korthikanti-style activations (``Setup.korthikanti_moe``) takes the busiest rank of
+    its layout instead (:mod:`vrammath.moe_stage`: ``P``, ``P_e``, ``N_d`` of that rank, DualPipe
+    included) and the layers of :mod:`vrammath.moe_korthikanti` (capacity factor, imbalance,
+    activation policy); its gradients stay resident beside the activations.
 
     Parameters
     ==========
