@@ -426,3 +426,14 @@ def test_moe_fields_refused_off_the_moe_path(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     assert message in one_line_exit_2(capsys, "estimate", *argv)
+
+
+def test_default_lora_targets_missing_names_the_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    """GPT-2 fuses q, k, v into c_attn: the default q,v is refused with what it has instead."""
+    code, _, err = run(capsys, "estimate", "gpt2", "--lora-rank", "8")
+    assert code == 2
+    assert err.strip().endswith(
+        "q,v (the default) are not projections of gpt2; pass --lora-targets with one of "
+        "qkv, o, up, down, c_attn, c_proj, c_fc, all-linear, attention, mlp (got 'q,v')"
+    )
+    assert run(capsys, "estimate", "gpt2", "--lora-rank", "8", "--lora-targets", "c_attn")[0] == 0
