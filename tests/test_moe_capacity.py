@@ -428,3 +428,15 @@ def test_moe_korthikanti_refusals_name_the_field(changes: dict[str, object], mes
         estimate(_deepseek_setup(**changes))
     assert str(err.value).startswith(message)
     assert "\n" not in str(err.value)
+
+
+def test_n_d_is_the_data_parallel_gpus_under_dualpipe() -> None:
+    # solvers substitute N_d: it must mean Setup.gpus, the 2 N_d ranks of a stage in the rows
+    from vrammath.estimate import _value, estimate
+    from vrammath.symbols import N_d
+
+    est = estimate(_deepseek_setup())
+    assert est.values[N_d] == 128
+    assert est.component("optimizer").expr == 2 * P / N_d  # 4 P / (2 N_d): bf16 moments
+    at_64 = _value(est.gpu_expr(), {**est.values, N_d: 64})
+    assert at_64 == estimate(_deepseek_setup(gpus=64)).gpu_bytes

@@ -27,6 +27,7 @@ import sympy
 
 from vrammath.errors import InputError
 from vrammath.moe import ep_replica_params, expert_values
+from vrammath.moe_stage import stage_copies
 from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
@@ -231,7 +232,10 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
         dim0 = dim0_shard_params(setup.model)
     replica = ep_replica_params() if setup.ep > 1 else None
-    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0, replica=replica)
+    out = per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0, replica=replica)
+    copies = stage_copies(setup) if setup.korthikanti_moe else 1
+    # DualPipe: the 2 N_d ranks holding a stage shard its states together
+    return out.xreplace({N_d: copies * N_d}) if copies > 1 else out
 
 
 def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
@@ -381,9 +385,10 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     tensor/pipeline rank (:func:`vrammath.params.rank_param_count`) and the activations are
     Korthikanti et al.'s first pipeline stage. A mixture-of-experts or latent-attention model
     under Korthikanti-style activations (``Setup.korthikanti_moe``) takes the busiest rank of
-    its layout instead (:mod:`vrammath.moe_stage`: ``P``, ``P_e``, ``N_d`` of that rank, DualPipe
-    included) and the layers of :mod:`vrammath.moe_korthikanti` (capacity factor, imbalance,
-    activation policy); its gradients stay resident beside the activations.
+    its layout instead (:mod:`vrammath.moe_stage`: ``P``, ``P_e`` of that rank; under DualPipe
+    a sharded row is divided over ``2 N_d``) and the layers of :mod:`vrammath.moe_korthikanti`
+    (capacity factor, imbalance, activation policy); its gradients stay resident beside the
+    activations.
 
     Parameters
     ==========

@@ -35,8 +35,10 @@ This module composes nothing itself. :func:`vrammath.estimate.estimate` is the o
 for a setup with ``Setup.korthikanti_moe`` the ``activations`` row of
 :data:`vrammath.terms.TERMS` is :func:`layout_activation_exprs`' ``layers`` and its
 ``logits_loss`` row the ``head``; the state rows hold ``P`` of the busiest pipeline rank
-(:func:`vrammath.moe_stage.busiest_rank`, :func:`vrammath.moe_stage.rank_values`) at the recipe's widths, and the gradients stay
-resident beside the activations (:func:`vrammath.peak.korthikanti_phase_peaks`). The layout
+(:func:`vrammath.moe_stage.busiest_rank`, :func:`vrammath.moe_stage.rank_values`) at the
+recipe's widths, a sharded row over ``2 N_d`` ranks under DualPipe
+(:func:`vrammath.moe_stage.stage_copies`), and the gradients stay resident beside the
+activations (:func:`vrammath.peak.korthikanti_phase_peaks`). The layout
 functions below (:func:`layout_memory`, :func:`deepseek_v3_training_memory`) build that
 :class:`~vrammath.setup.Setup` (:func:`layout_setup`) and read the estimate.
 

@@ -7,9 +7,9 @@ Explanation
 ``Setup.gpus`` is the data-parallel group, so a setup with ``pp`` stages of ``tp`` ranks is a
 :class:`~vrammath.moe_layout.Layout` of ``gpus * pp * tp`` GPUs. The busiest rank is the one
 whose model states :func:`vrammath.moe_layout.layout_state_bytes` finds largest;
-:func:`rank_values` gives its ``P``, ``P_e``, ``n_ep`` and ``N_d`` so that the table's rows
-(``P`` unsharded, ``P - P_e + P_e / n_ep`` under expert parallelism, ``P / N_d`` sharded)
-reproduce that count.
+:func:`rank_values` gives its ``P``, ``P_e`` and ``n_ep`` so that the table's rows (``P``
+unsharded, ``P - P_e + P_e / n_ep`` under expert parallelism, ``P / (c N_d)`` sharded, ``c`` the
+stages a rank holds, :func:`stage_copies`) reproduce that count.
 
 Examples
 ========
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from vrammath.moe_layout import Layout, RankParams, check_layout, layout_state_bytes
-from vrammath.symbols import N_d, P, P_e, n_ep
+from vrammath.symbols import P, P_e, n_ep
 
 if TYPE_CHECKING:
     from vrammath.setup import Setup
@@ -71,35 +71,45 @@ def busiest_rank(setup: Setup) -> RankParams:
 
 
 def rank_values(setup: Setup, rank: RankParams) -> dict[sympy.Symbol, int]:
-    """``P``, ``P_e``, ``n_ep`` and ``N_d`` of the busiest rank, so that the state rows of
+    """``P``, ``P_e`` and ``n_ep`` of the busiest rank, so that the state rows of
     :data:`vrammath.terms.TERMS` (``P`` unsharded, ``P - P_e + P_e / n_ep`` under expert
-    parallelism, ``P / N_d`` once sharded) give :func:`~vrammath.moe_layout.layout_state_bytes`.
+    parallelism, ``P / (c N_d)`` once sharded, :func:`stage_copies`) give
+    :func:`~vrammath.moe_layout.layout_state_bytes`.
 
     Explanation
     ===========
 
     ``P`` is the rank's stages before expert parallelism (its dense part plus ``e_p`` times its
-    local experts) and ``P_e`` their routed experts. A sharded state is ``P / (N_d c)`` on
-    :mod:`vrammath.moe_layout`'s rank, ``c`` the stages it holds (2 under DualPipe, whose
-    two copies of a stage shard its states together), so ``N_d`` is the data-parallel group
-    times ``c``.
+    local experts) and ``P_e`` their routed experts. A sharded state is ``P / (c N_d)`` on
+    :mod:`vrammath.moe_layout`'s rank, ``c`` the stages it holds.
 
     >>> from vrammath.presets import load_model
     >>> from vrammath.setup import Setup
     >>> setup = Setup(load_model("deepseek-v3"), gpus=128, pp=16, ep=64, zero=1,
     ...               schedule="dualpipe", activation_model="korthikanti")
     >>> values = rank_values(setup, busiest_rank(setup))
-    >>> values[N_d], values[P] - values[P_e] + values[P_e] // values[n_ep]
-    (256, 5343227904)
+    >>> values[P] - values[P_e] + values[P_e] // values[n_ep]
+    5343227904
     """
     experts = rank.experts * setup.ep
-    out = {
-        P: math.ceil(rank.dense + experts),
-        N_d: setup.gpus * setup_layout(setup).copies,
-    }
+    out = {P: math.ceil(rank.dense + experts)}
     if setup.model.experts is not None:
         out |= {P_e: math.ceil(experts), n_ep: setup.ep}
     return out
 
 
-__all__ = ["busiest_rank", "rank_values", "setup_layout"]
+def stage_copies(setup: Setup) -> int:
+    """The stages one rank holds, ``c``: 2 under DualPipe (rank ``i`` holds stages ``i`` and
+    ``p - 1 - i``, and the ``2 N_d`` ranks holding a stage shard its states together), else 1.
+    A sharded row's ``N_d`` becomes ``c N_d``.
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.setup import Setup
+    >>> stage_copies(Setup(load_model("deepseek-v3"), gpus=128, pp=16, ep=64, zero=1,
+    ...                    schedule="dualpipe", activation_model="korthikanti"))
+    2
+    """
+    return setup_layout(setup).copies
+
+
+__all__ = ["busiest_rank", "rank_values", "setup_layout", "stage_copies"]
