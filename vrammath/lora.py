@@ -51,7 +51,7 @@ from vrammath.symbols import I, L, P, a, a_kv, b, d, h, r, s
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """The LLaMA-style targets (separate projections); the full vocabulary is :data:`ALL_TARGETS`."""
 ALL_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
-"""Every logical target: ``qkv`` and ``gate_up`` are the fused projections (Phi-3's
+"""Every logical target, ``qkv`` and ``gate_up`` being the fused projections (Phi-3's
 ``qkv_proj`` and ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's ``query_key_value``)."""
 TARGET_GROUPS: dict[str, tuple[str, ...]] = {
     "all-linear": ALL_TARGETS,
