@@ -8,8 +8,10 @@ frozen linear weights in NF4 (:mod:`vrammath.quant`) and pages the optimizer sta
 under memory pressure; :func:`lora_terms` composes both into the terms of one fine-tuning setup.
 
 Adapter targets are named by what they adapt: ``q``, ``k``, ``v``, ``o`` (attention projections,
-k and v GQA-shaped ``a_kv d``), ``gate``, ``up``, ``down`` (MLP). For the GPT family they are the
-paper's logical matrices (q, k, v, o are h x h; ``gate`` does not exist).
+k and v GQA-shaped ``a_kv d``), ``gate``, ``up``, ``down`` (MLP), and ``qkv``, ``gate_up`` where an
+architecture fuses them into one module (Phi-3, GPT-2's ``c_attn``, GPT-NeoX's
+``query_key_value``): each architecture has its own (:func:`target_modules`), as peft adapts the
+modules the model has.
 
 Examples
 ========
@@ -47,11 +49,29 @@ from vrammath.states import IMPLEMENTATIONS, recipe, tensor_optimizer_expr
 from vrammath.symbols import I, L, P, a, a_kv, b, d, h, r, s
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The LLaMA-style targets (separate projections); the full vocabulary is :data:`ALL_TARGETS`."""
+ALL_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
+"""Every logical target: ``qkv`` and ``gate_up`` are the fused projections (Phi-3's
+``qkv_proj`` and ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's ``query_key_value``)."""
 TARGET_GROUPS: dict[str, tuple[str, ...]] = {
-    "all-linear": LORA_TARGETS,
-    "attention": ("q", "k", "v", "o"),
-    "mlp": ("gate", "up", "down"),
+    "all-linear": ALL_TARGETS,
+    "attention": ("q", "k", "v", "qkv", "o"),
+    "mlp": ("gate", "up", "gate_up", "down"),
 }
+"""Groups, resolved per architecture to the targets it has (peft's ``all-linear``: every linear
+of the decoder layers, not the LM head)."""
+MODULE_NAMES: tuple[str, ...] = (
+    "c_attn",
+    "c_proj",
+    "c_fc",
+    "query_key_value",
+    "dense",
+    "dense_h_to_4h",
+    "dense_4h_to_h",
+)
+"""transformers' module names of the GPT blocks, accepted as targets (``*_proj`` names are read
+as their target: ``q_proj`` is ``q``). ``c_proj`` names GPT-2's attention output *and* its MLP's
+down projection (peft matches both), StarCoder2's MLP down projection only."""
 HF_MODULES = {
     "q": "self_attn.q_proj",
     "k": "self_attn.k_proj",
@@ -60,6 +80,14 @@ HF_MODULES = {
     "gate": "mlp.gate_proj",
     "up": "mlp.up_proj",
     "down": "mlp.down_proj",
+}
+FUSED_MODULES = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
+_GPT2_MODULES = {"qkv": "attn.c_attn", "o": "attn.c_proj", "up": "mlp.c_fc", "down": "mlp.c_proj"}
+_NEOX_MODULES = {
+    "qkv": "attention.query_key_value",
+    "o": "attention.dense",
+    "up": "mlp.dense_h_to_4h",
+    "down": "mlp.dense_4h_to_h",
 }
 ADAPTER_DTYPES = ("fp32", "recipe")
 
@@ -76,31 +104,29 @@ _INPUT_OF = {
     "gate_up": "mlp_in",
 }
 
-# Fused projections (Phi-3's qkv_proj, gate_up_proj): PEFT adapts the whole module, so naming
-# any of its parts puts one adapter on it, of the fused width.
-FUSED_MODULES = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
-_FUSED_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up"}
-
 
 def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
     """Validated adapter targets in canonical order, from ``"q,v"``, ``"all-linear"`` or a list.
 
-    Hugging Face module names (``q_proj``) are accepted too.
+    Names from :data:`ALL_TARGETS`, the groups of :data:`TARGET_GROUPS` (kept as groups: each
+    architecture resolves them to what it has) and transformers' module names (``q_proj`` is
+    read as ``q``; the GPT blocks' :data:`MODULE_NAMES` are kept as given). Whether a model has
+    a target is checked by :func:`adapted_linears`.
 
     >>> lora_targets("v,q_proj")
     ('q', 'v')
-    >>> lora_targets("all-linear")
-    ('q', 'k', 'v', 'o', 'gate', 'up', 'down')
+    >>> lora_targets("mlp,all-linear,qkv_proj")
+    ('all-linear', 'mlp', 'qkv')
     >>> lora_targets("q,x")
     Traceback (most recent call last):
     ...
-    vrammath.errors.InputError: lora_targets: must be one of q, k, v, o, gate, up, down, all-linear, attention, mlp (got 'x')
+    vrammath.errors.InputError: lora_targets: must be one of q, k, v, qkv, o, gate, up, gate_up, down, all-linear, attention, mlp, c_attn, c_proj, c_fc, query_key_value, dense, dense_h_to_4h, dense_4h_to_h (got 'x')
     >>> lora_targets(None)
     Traceback (most recent call last):
     ...
-    vrammath.errors.InputError: lora_targets: must be text or a list of names from q, k, v, o, gate, up, down, all-linear, attention, mlp (got None)
+    vrammath.errors.InputError: lora_targets: must be text or a list of names from q, k, v, qkv, o, gate, up, gate_up, down, all-linear, attention, mlp, c_attn, c_proj, c_fc, query_key_value, dense, dense_h_to_4h, dense_4h_to_h (got None)
     """
-    allowed = (*LORA_TARGETS, *TARGET_GROUPS)
+    allowed = (*ALL_TARGETS, *TARGET_GROUPS, *MODULE_NAMES)
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
         raise InputError(
@@ -109,16 +135,16 @@ def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
     names: list[str] = []
     for item in items:
         for raw in str(item).split(","):
-            name = raw.strip().removesuffix("_proj")
-            if name in TARGET_GROUPS:
-                names += TARGET_GROUPS[name]
-            elif name in LORA_TARGETS:
-                names.append(name)
-            else:
+            name = raw.strip()
+            if name not in MODULE_NAMES:
+                name = name.removesuffix("_proj")
+            if name not in allowed:
                 raise one_of("lora_targets", raw.strip(), allowed)
+            names.append(name)
     if not names:
         raise InputError("lora_targets", "must name at least one of " + ", ".join(allowed), got="")
-    return tuple(t for t in LORA_TARGETS if t in names)
+    order = (*TARGET_GROUPS, *ALL_TARGETS, *MODULE_NAMES)
+    return tuple(t for t in order if t in names)
 
 
 @dataclass(frozen=True)
@@ -147,65 +173,94 @@ class AdaptedLinear:
         return r * (self.in_features + self.out_features)
 
 
-def _shapes(spec: ModelSpec) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
-    shapes = {
-        "q": (h, a * d),
-        "k": (h, a_kv * d),
-        "v": (h, a_kv * d),
-        "o": (a * d, h),
-        "gate": (h, I),
-        "up": (h, I),
-        "down": (I, h),
-        "qkv": (h, (a + 2 * a_kv) * d),
-        "gate_up": (h, 2 * I),
-    }
-    if not spec.mlp.gated:  # StarCoder2's plain MLP: c_fc (up) and c_proj (down), no gate
-        del shapes["gate"], shapes["gate_up"]
-    return shapes
+_SHAPES: dict[str, tuple[sympy.Expr, sympy.Expr]] = {
+    "q": (h, a * d),
+    "k": (h, a_kv * d),
+    "v": (h, a_kv * d),
+    "qkv": (h, (a + 2 * a_kv) * d),
+    "o": (a * d, h),
+    "gate": (h, I),
+    "up": (h, I),
+    "gate_up": (h, 2 * I),
+    "down": (I, h),
+}
 
 
-def _fused_targets(spec: ModelSpec, chosen: tuple[str, ...]) -> list[str]:
-    """``chosen`` with q/k/v and gate/up folded into the fused modules ``spec`` has."""
-    fused = {"qkv": spec.attention.fused_qkv_linear, "gate_up": spec.mlp.fused_gate_up}
-    out: list[str] = []
-    for target in chosen:
-        module = _FUSED_OF.get(target, target)
-        name = module if fused.get(module, False) else target
-        if name not in out:
-            out.append(name)
+def target_modules(spec: ModelSpec) -> dict[str, str]:
+    """The targets ``spec`` has, each with its transformers module, in :data:`ALL_TARGETS` order.
+
+    LLaMA-style layers have q, k, v, o, gate, up, down; Phi-3 fuses ``qkv_proj`` and
+    ``gate_up_proj``; StarCoder2's plain MLP is ``c_fc`` (up) and ``c_proj`` (down); GPT-2's
+    block is ``c_attn`` (q, k and v in one Conv1D), ``attn.c_proj``, ``mlp.c_fc``,
+    ``mlp.c_proj``; GPT-NeoX's ``query_key_value``, ``dense``, ``dense_h_to_4h``,
+    ``dense_4h_to_h``.
+
+    >>> from vrammath.presets import load_model
+    >>> target_modules(load_model("gpt-neox-20b"))["qkv"]
+    'attention.query_key_value'
+    >>> list(target_modules(load_model("phi-3-mini")))
+    ['qkv', 'o', 'gate_up', 'down']
+    """
+    if spec.attention.fused_qkv:
+        return dict(_GPT2_MODULES if spec.embeddings.learned_positions else _NEOX_MODULES)
+    if spec.attention.fused_qkv_linear:
+        out = {"qkv": FUSED_MODULES["qkv"], "o": HF_MODULES["o"]}
+    else:
+        out = {t: HF_MODULES[t] for t in ("q", "k", "v", "o")}
+    if not spec.mlp.gated:
+        out.update({"up": "mlp.c_fc", "down": "mlp.c_proj"})
+    elif spec.mlp.fused_gate_up:
+        out.update({"gate_up": FUSED_MODULES["gate_up"], "down": HF_MODULES["down"]})
+    else:
+        out.update({t: HF_MODULES[t] for t in ("gate", "up", "down")})
     return out
 
 
-def _module(spec: ModelSpec, target: str) -> str:
-    """transformers' module name of a target (StarCoder2's plain MLP is c_fc, c_proj)."""
-    if target in FUSED_MODULES:
-        return FUSED_MODULES[target]
-    if not spec.mlp.gated and not spec.attention.fused_qkv and target in ("up", "down"):
-        return {"up": "mlp.c_fc", "down": "mlp.c_proj"}[target]
-    return HF_MODULES[target]
+def allowed_targets(spec: ModelSpec) -> tuple[str, ...]:
+    """The names :func:`adapted_linears` accepts for ``spec``: its targets, the module names
+    that are not ``<target>_proj``, and the groups.
+
+    >>> from vrammath.presets import load_model
+    >>> allowed_targets(load_model("gpt2"))
+    ('qkv', 'o', 'up', 'down', 'c_attn', 'c_proj', 'c_fc', 'all-linear', 'attention', 'mlp')
+    """
+    mods = target_modules(spec)
+    names = [m.split(".")[-1] for m in mods.values()]
+    extra = [n for t, n in zip(mods, names, strict=True) if n != f"{t}_proj"]
+    return (*mods, *dict.fromkeys(extra), *TARGET_GROUPS)
 
 
 def adapted_linears(spec: ModelSpec, targets: str | Sequence[str]) -> list[AdaptedLinear]:
     """The projections LoRA adapts in ``spec`` for ``targets``, with symbolic in/out sizes.
 
-    Where ``spec`` fuses projections (Phi-3's ``qkv_proj``, ``gate_up_proj``), naming any part
-    adapts the whole fused module once (target ``qkv`` or ``gate_up``), as PEFT does.
+    Each architecture has its own targets (:func:`target_modules`): a name it does not have is
+    refused, naming the ones it has, as peft refuses a module name it cannot find. Groups take
+    what the architecture has (``all-linear`` on Phi-3: qkv, o, gate_up, down).
 
     >>> from vrammath.presets import load_model
     >>> [(m.target, m.out_features) for m in adapted_linears(load_model("qwen2-72b"), "k,v")]
     [('k', a_kv*d), ('v', a_kv*d)]
-    >>> [(m.module, m.out_features) for m in adapted_linears(load_model("phi-3-mini"), "q,v,up")]
-    [('self_attn.qkv_proj', d*(a + 2*a_kv)), ('mlp.gate_up_proj', 2*I)]
+    >>> [(m.module, m.out_features) for m in adapted_linears(load_model("phi-3-mini"), "qkv,mlp")]
+    [('self_attn.qkv_proj', d*(a + 2*a_kv)), ('mlp.gate_up_proj', 2*I), ('mlp.down_proj', h)]
+    >>> adapted_linears(load_model("phi-3-mini"), "q")
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: lora_targets: must be one of qkv, o, gate_up, down, all-linear, attention, mlp for phi3 (got 'q')
     """
-    chosen = _fused_targets(spec, lora_targets(targets))
-    shapes = _shapes(spec)
-    out = []
-    for target in chosen:
-        if target not in shapes:
-            raise one_of("lora_targets", target, tuple(x for x in shapes if x in LORA_TARGETS))
-        fan_in, fan_out = shapes[target]
-        out.append(AdaptedLinear(target, _module(spec, target), fan_in, fan_out, L))
-    return out
+    mods = target_modules(spec)
+    chosen: set[str] = set()
+    for name in lora_targets(targets):
+        if name in TARGET_GROUPS:
+            found = [t for t in mods if t in TARGET_GROUPS[name]]
+        else:
+            found = [t for t, m in mods.items() if name in (t, m.split(".")[-1])]
+        if not found:
+            allowed = ", ".join(allowed_targets(spec))
+            raise InputError(
+                "lora_targets", f"must be one of {allowed} for {spec.model_type}", got=name
+            )
+        chosen.update(found)
+    return [AdaptedLinear(t, m, *_SHAPES[t], L) for t, m in mods.items() if t in chosen]
 
 
 def adapter_tensors(spec: ModelSpec, targets: str | Sequence[str]) -> list[Tensor]:
@@ -469,13 +524,17 @@ def lora_terms(
 
 __all__ = [
     "ADAPTER_DTYPES",
+    "ALL_TARGETS",
+    "FUSED_MODULES",
     "HF_MODULES",
     "LORA_TARGETS",
+    "MODULE_NAMES",
     "TARGET_GROUPS",
     "AdaptedLinear",
     "Term",
     "adapted_linears",
     "adapter_tensors",
+    "allowed_targets",
     "lora_activation_layer_expr",
     "lora_param_count",
     "lora_param_expr",
@@ -484,4 +543,5 @@ __all__ = [
     "lora_targets",
     "lora_terms",
     "lora_values",
+    "target_modules",
 ]

@@ -28,7 +28,7 @@ from typing import Literal
 
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
-from vrammath.lora import adapted_linears, lora_targets
+from vrammath.lora import adapted_linears, allowed_targets, lora_targets
 from vrammath.model import ModelSpec
 from vrammath.moe import check_ep, check_ep_optimizer
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
@@ -195,7 +195,8 @@ class Setup:
         default=DEFAULT_TARGETS,
         metadata=option(
             "--lora-targets",
-            "adapted projections: q,k,v,o,gate,up,down or all-linear (default q,v; needs --lora-rank)",
+            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused), module names "
+            "or all-linear/attention/mlp (default q,v; needs --lora-rank)",
             kind="targets",
         ),
     )
@@ -376,7 +377,7 @@ class Setup:
         if not isinstance(self.lora_targets, str | tuple | list):
             raise InputError(
                 "lora_targets",
-                "must be a list of q,k,v,o,gate,up,down or all-linear",
+                "must be a list of targets (q,k,v,o,gate,up,down, qkv, gate_up) or all-linear",
                 self.lora_targets,
             )
         object.__setattr__(self, "lora_targets", lora_targets(self.lora_targets))
@@ -393,7 +394,18 @@ class Setup:
                     "quant", "needs --lora-rank (a quantized base is frozen)", got=self.quant
                 )
             return
-        adapted_linears(self.model, self.lora_targets)  # e.g. no gate in a GPT MLP
+        try:
+            adapted_linears(self.model, self.lora_targets)  # e.g. no gate in a GPT MLP
+        except InputError as err:
+            if self.lora_targets != DEFAULT_TARGETS:
+                raise
+            # the user named no targets: say the default is what the model lacks
+            raise InputError(
+                "lora_targets",
+                f"q,v (the default) are not projections of {self.model.model_type}; pass "
+                "--lora-targets with one of " + ", ".join(allowed_targets(self.model)),
+                got="q,v",
+            ) from err
         if self.offload_optimizer or self.offload_params:
             raise InputError(
                 "offload", "is not estimated with LoRA (use --zero without offload)", got="offload"

@@ -96,6 +96,7 @@ def measure_lora_step(
     input_grads: bool = False,
     steps: int = 2,
     layers: int | None = None,
+    attention: str = "sdpa",
 ) -> dict[str, Any]:
     """Count one LoRA training step of the real peft model with fake tensors.
 
@@ -116,7 +117,7 @@ def measure_lora_step(
     started = time.perf_counter()
     with real_training_masks(), FakeTensorMode():
         torch.manual_seed(0)
-        net = build_model(spec, precision=precision, attention="sdpa", layers=layers)
+        net = build_model(spec, precision=precision, attention=attention, layers=layers)
         for param in net.parameters():
             param.requires_grad_(False)
         if adapters:
@@ -124,7 +125,9 @@ def measure_lora_step(
                 r=rank,
                 lora_alpha=16,
                 lora_dropout=dropout,
-                target_modules=[m.module.split(".")[-1] for m in adapted_linears(spec, chosen)],
+                # the module paths: peft matches them as suffixes (GPT-2's attn.c_proj and
+                # mlp.c_proj share their last name)
+                target_modules=[m.module for m in adapted_linears(spec, chosen)],
                 task_type="CAUSAL_LM",
             )
             with _module_to_in_place(), warnings.catch_warnings():
