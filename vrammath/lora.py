@@ -7,9 +7,9 @@ master copy and no optimizer states; only the adapters do. QLoRA (Dettmers et al
 frozen linear weights in NF4 (:mod:`vrammath.quant`) and pages the optimizer states to the CPU
 under memory pressure; :func:`lora_terms` composes both into the terms of one fine-tuning setup.
 
-Adapter targets are named by what they adapt: ``q``, ``k``, ``v``, ``o`` (attention projections,
-k and v GQA-shaped ``a_kv d``), ``gate``, ``up``, ``down`` (MLP). For the GPT family they are the
-paper's logical matrices (q, k, v, o are h x h; ``gate`` does not exist).
+Adapter targets are named by what they adapt (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
+``down``; ``router`` and ``experts`` on mixture-of-experts models): :mod:`vrammath.adapted` says
+what each name adapts in a given model, as peft does it.
 
 Examples
 ========
@@ -39,28 +39,14 @@ from dataclasses import dataclass
 
 import sympy
 
+from vrammath.adapted import AdaptedLinear, adapted_linears, adapter_tensors, lora_targets
 from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
-from vrammath.params import Tensor, param_count, size_values
+from vrammath.params import param_count, size_values
 from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
 from vrammath.states import IMPLEMENTATIONS, recipe, tensor_optimizer_expr
-from vrammath.symbols import I, L, P, a, a_kv, b, d, h, r, s
+from vrammath.symbols import L, P, b, r, s
 
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-TARGET_GROUPS: dict[str, tuple[str, ...]] = {
-    "all-linear": LORA_TARGETS,
-    "attention": ("q", "k", "v", "o"),
-    "mlp": ("gate", "up", "down"),
-}
-HF_MODULES = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-}
 ADAPTER_DTYPES = ("fp32", "recipe")
 
 # Which tensor each target reads: adapters on the same input share it when nothing copies it.
@@ -75,142 +61,6 @@ _INPUT_OF = {
     "qkv": "attn_in",
     "gate_up": "mlp_in",
 }
-
-# Fused projections (Phi-3's qkv_proj, gate_up_proj): PEFT adapts the whole module, so naming
-# any of its parts puts one adapter on it, of the fused width.
-FUSED_MODULES = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
-_FUSED_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up"}
-
-
-def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
-    """Validated adapter targets in canonical order, from ``"q,v"``, ``"all-linear"`` or a list.
-
-    Hugging Face module names (``q_proj``) are accepted too.
-
-    >>> lora_targets("v,q_proj")
-    ('q', 'v')
-    >>> lora_targets("all-linear")
-    ('q', 'k', 'v', 'o', 'gate', 'up', 'down')
-    >>> lora_targets("q,x")
-    Traceback (most recent call last):
-    ...
-    vrammath.errors.InputError: lora_targets: must be one of q, k, v, o, gate, up, down, all-linear, attention, mlp (got 'x')
-    >>> lora_targets(None)
-    Traceback (most recent call last):
-    ...
-    vrammath.errors.InputError: lora_targets: must be text or a list of names from q, k, v, o, gate, up, down, all-linear, attention, mlp (got None)
-    """
-    allowed = (*LORA_TARGETS, *TARGET_GROUPS)
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
-        raise InputError(
-            "lora_targets", "must be text or a list of names from " + ", ".join(allowed), got=value
-        )
-    names: list[str] = []
-    for item in items:
-        for raw in str(item).split(","):
-            name = raw.strip().removesuffix("_proj")
-            if name in TARGET_GROUPS:
-                names += TARGET_GROUPS[name]
-            elif name in LORA_TARGETS:
-                names.append(name)
-            else:
-                raise one_of("lora_targets", raw.strip(), allowed)
-    if not names:
-        raise InputError("lora_targets", "must name at least one of " + ", ".join(allowed), got="")
-    return tuple(t for t in LORA_TARGETS if t in names)
-
-
-@dataclass(frozen=True)
-class AdaptedLinear:
-    """One adapted projection kind: its target name, HF module, sizes and multiplicity."""
-
-    target: str
-    module: str
-    in_features: sympy.Expr
-    out_features: sympy.Expr
-    count: sympy.Expr
-
-    @property
-    def lora_a(self) -> Tensor:
-        """``lora_A.weight``: (r, in)."""
-        return Tensor(f"{self.module}.lora_A.weight", (r, self.in_features), self.count, "adapter")
-
-    @property
-    def lora_b(self) -> Tensor:
-        """``lora_B.weight``: (out, r)."""
-        return Tensor(f"{self.module}.lora_B.weight", (self.out_features, r), self.count, "adapter")
-
-    @property
-    def params(self) -> sympy.Expr:
-        """Trainable parameters of one such module, r (in + out)."""
-        return r * (self.in_features + self.out_features)
-
-
-def _shapes(spec: ModelSpec) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
-    shapes = {
-        "q": (h, a * d),
-        "k": (h, a_kv * d),
-        "v": (h, a_kv * d),
-        "o": (a * d, h),
-        "gate": (h, I),
-        "up": (h, I),
-        "down": (I, h),
-        "qkv": (h, (a + 2 * a_kv) * d),
-        "gate_up": (h, 2 * I),
-    }
-    if not spec.mlp.gated:  # StarCoder2's plain MLP: c_fc (up) and c_proj (down), no gate
-        del shapes["gate"], shapes["gate_up"]
-    return shapes
-
-
-def _fused_targets(spec: ModelSpec, chosen: tuple[str, ...]) -> list[str]:
-    """``chosen`` with q/k/v and gate/up folded into the fused modules ``spec`` has."""
-    fused = {"qkv": spec.attention.fused_qkv_linear, "gate_up": spec.mlp.fused_gate_up}
-    out: list[str] = []
-    for target in chosen:
-        module = _FUSED_OF.get(target, target)
-        name = module if fused.get(module, False) else target
-        if name not in out:
-            out.append(name)
-    return out
-
-
-def _module(spec: ModelSpec, target: str) -> str:
-    """transformers' module name of a target (StarCoder2's plain MLP is c_fc, c_proj)."""
-    if target in FUSED_MODULES:
-        return FUSED_MODULES[target]
-    if not spec.mlp.gated and not spec.attention.fused_qkv and target in ("up", "down"):
-        return {"up": "mlp.c_fc", "down": "mlp.c_proj"}[target]
-    return HF_MODULES[target]
-
-
-def adapted_linears(spec: ModelSpec, targets: str | Sequence[str]) -> list[AdaptedLinear]:
-    """The projections LoRA adapts in ``spec`` for ``targets``, with symbolic in/out sizes.
-
-    Where ``spec`` fuses projections (Phi-3's ``qkv_proj``, ``gate_up_proj``), naming any part
-    adapts the whole fused module once (target ``qkv`` or ``gate_up``), as PEFT does.
-
-    >>> from vrammath.presets import load_model
-    >>> [(m.target, m.out_features) for m in adapted_linears(load_model("qwen2-72b"), "k,v")]
-    [('k', a_kv*d), ('v', a_kv*d)]
-    >>> [(m.module, m.out_features) for m in adapted_linears(load_model("phi-3-mini"), "q,v,up")]
-    [('self_attn.qkv_proj', d*(a + 2*a_kv)), ('mlp.gate_up_proj', 2*I)]
-    """
-    chosen = _fused_targets(spec, lora_targets(targets))
-    shapes = _shapes(spec)
-    out = []
-    for target in chosen:
-        if target not in shapes:
-            raise one_of("lora_targets", target, tuple(x for x in shapes if x in LORA_TARGETS))
-        fan_in, fan_out = shapes[target]
-        out.append(AdaptedLinear(target, _module(spec, target), fan_in, fan_out, L))
-    return out
-
-
-def adapter_tensors(spec: ModelSpec, targets: str | Sequence[str]) -> list[Tensor]:
-    """Every adapter tensor (``lora_A`` and ``lora_B`` of each adapted module), shapes in r."""
-    return [t for m in adapted_linears(spec, targets) for t in (m.lora_a, m.lora_b)]
 
 
 def lora_param_expr(spec: ModelSpec, targets: str | Sequence[str] = ("q", "v")) -> sympy.Expr:
@@ -340,17 +190,57 @@ def lora_activation_layer_expr(
     """
     copies = dropout or input_bytes != adapter_bytes
     per_input = 0 if copies else input_bytes
-    shared: dict[str, sympy.Expr] = {}
+    shared: dict[tuple[str, sympy.Expr], sympy.Expr] = {}
     total = sympy.Integer(0)
     for m in adapted_linears(spec, targets):
-        total += adapter_bytes * b * s * r
+        share = m.count / L  # a module only some layers have (MoE layers: L_e of L)
+        if m.wraps_parameter:
+            if dropout:
+                raise InputError(
+                    "lora_dropout",
+                    "must be off for adapters on router/experts "
+                    "(peft's ParamWrapper refuses dropout)",
+                    got=True,
+                )
+            total += share * _wrapped_bytes(spec, m, input_bytes, adapter_bytes)
+            continue
+        total += share * adapter_bytes * b * s * m.inner
         if copies:
             mask = dropout_mask_bytes if dropout else 0
-            total += (adapter_bytes + mask) * b * s * m.in_features
+            total += share * (adapter_bytes + mask) * b * s * m.in_features
         else:
-            shared[_INPUT_OF[m.target]] = per_input * b * s * m.in_features
+            key = (_INPUT_OF.get(m.target, m.module), m.count)
+            shared[key] = share * per_input * b * s * m.in_features
     total += sum(shared.values(), sympy.Integer(0))
     return sympy.expand(total)
+
+
+def _wrapped_bytes(
+    spec: ModelSpec, m: AdaptedLinear, input_bytes: int, adapter_bytes: int
+) -> sympy.Expr:
+    """Bytes one MoE layer keeps for an adapted parameter (peft's ``ParamWrapper``).
+
+    peft adds the adapter to the weight itself for the forward pass (``W + s B A`` through
+    ``torch.nn.utils.parametrize``), so the merged weight (in the parameter's dtype) is what the
+    matmul keeps, and the matmul now keeps its input too, since its weight needs a gradient:
+
+    * router: merged ``(E, h)`` weight and the input ``b s h`` (fp32 both where the router
+      computes in fp32, DeepSeek-V3);
+    * experts: the merged ``(E, out, in)`` weight, the factors ``A``, ``B`` cast to the
+      weight's dtype (``baddbmm``'s operands), and the grouped matmul's input rows ``b s k``.
+    """
+    ex = spec.experts
+    assert ex is not None
+    if m.target == "router":
+        width = 4 if ex.router_fp32 else input_bytes
+        return width * m.in_features * m.out_features + width * b * s * m.in_features
+    casts = input_bytes if input_bytes != adapter_bytes else 0
+    rows = b * s * ex.top_k
+    return (
+        input_bytes * m.experts * m.in_features * m.out_features
+        + casts * m.inner * (m.in_features + m.out_features)
+        + input_bytes * rows * m.in_features
+    )
 
 
 @dataclass(frozen=True)
@@ -469,19 +359,12 @@ def lora_terms(
 
 __all__ = [
     "ADAPTER_DTYPES",
-    "HF_MODULES",
-    "LORA_TARGETS",
-    "TARGET_GROUPS",
-    "AdaptedLinear",
     "Term",
-    "adapted_linears",
-    "adapter_tensors",
     "lora_activation_layer_expr",
     "lora_param_count",
     "lora_param_expr",
     "lora_state_exprs",
     "lora_step_temp_expr",
-    "lora_targets",
     "lora_terms",
     "lora_values",
 ]

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from vrammath.adapted import adapted_linears, lora_targets
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
-from vrammath.lora import adapted_linears, lora_targets
 from vrammath.model import ModelSpec
 from vrammath.moe import check_ep
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage

@@ -1,0 +1,395 @@
+"""Which projections LoRA adapts: target names, and what each name adapts in a given model.
+
+Targets are named by what they adapt: ``q``, ``k``, ``v``, ``o`` (attention projections, k and v
+GQA-shaped ``a_kv d``), ``gate``, ``up``, ``down`` (MLP). For the GPT family they are the paper's
+logical matrices (q, k, v, o are h x h; ``gate`` does not exist). Mixture-of-experts and
+latent-attention models add ``router``, ``experts`` and ``shared_gate`` (Qwen2-MoE's
+``Linear(h, 1)``), and ``q_a``, ``q_b``, ``kv_a``, ``kv_b`` (DeepSeek's MLA projections
+``q_a_proj``, ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``).
+
+Explanation
+===========
+
+In transformers 5 the routed experts of every MoE layer are two 3-D parameters on the experts
+module, ``gate_up_proj`` (E, 2 I_e, h) and ``down_proj`` (E, h, I_e), and the router is a custom
+module holding a ``weight`` (E, h): neither is an ``nn.Linear``. peft 0.21.2 adapts them through
+``target_parameters`` (its ``ParamWrapper``): a 3-D parameter of E experts gets ``lora_A`` of
+(E r, in) and ``lora_B`` of (out, E r), i.e. ``E r (in + out)`` trainable parameters, one LoRA
+per expert. What the familiar names adapt depends on the model type, because peft rewrites them
+for the models whose layout changed from transformers 4 to 5 (``mixtral``, ``qwen3_moe``,
+``deepseek_v3``; ``qwen2_moe`` is left as is):
+
+* on those three, ``gate`` + ``up`` (Mixtral's v4 ``w1`` + ``w3``) become the experts'
+  ``gate_up_proj`` at rank ``2 r`` (the two fused LoRAs side by side; naming one without the
+  other is refused, as peft refuses it), ``down`` (``w2``) the experts' ``down_proj`` at rank
+  ``r``; DeepSeek-V3's dense-layer MLPs and its shared experts are then not adapted at all, since
+  their ``gate_proj``/``up_proj``/``down_proj`` names are taken over;
+* on ``qwen2_moe``, ``gate``, ``up``, ``down`` adapt the shared expert's ``nn.Linear`` layers
+  (and a dense layer's MLP), not the routed experts;
+* ``router`` is the ``gate`` module everywhere (a ``target_parameters`` entry ``gate.weight`` on
+  ``qwen2_moe``, where peft refuses the module name);
+* ``experts`` is ``target_parameters=["experts.gate_up_proj", "experts.down_proj"]``: rank ``r``
+  on both;
+* ``all-linear`` is peft's own: every ``nn.Linear`` but the head, plus, on the three rewritten
+  types, the router and the experts (``gate_up_proj`` at ``2 r``).
+
+On latent attention, ``q``, ``k``, ``v``, ``o`` together (the ``attention`` group) adapt the five
+MLA projections; ``q`` alone exists only without a ``q_lora_rank``.
+
+Examples
+========
+
+>>> from vrammath.presets import load_model
+>>> [(m.target, m.rank_factor) for m in adapted_linears(load_model("mixtral-8x7b"), "all-linear")]
+[('q', 1), ('k', 1), ('v', 1), ('o', 1), ('gate_up', 2), ('down', 1), ('router', 1)]
+>>> [m.target for m in adapted_linears(load_model("deepseek-v3"), "attention")]
+['q_a', 'q_b', 'kv_a', 'kv_b', 'o']
+
+References
+==========
+
+.. [1] peft 0.21.2 ``tuners/lora/layer.py`` (``ParamWrapper``: ``lora_A = Linear(in, r *
+   num_experts)``, ``lora_B = Linear(r * num_experts, out)``) and
+   ``utils/transformers_weight_conversion.py`` (``_MOE_TARGET_MODULE_MAPPING``: the renamed
+   targets; ``rank_pattern`` ``2 r`` on the fused ``gate_up_proj``).
+.. [2] transformers 5.24 ``models/mixtral/modeling_mixtral.py`` (``MixtralExperts``: 3-D
+   ``gate_up_proj``/``down_proj``; ``MixtralTopKRouter``: a ``weight`` parameter) and
+   ``conversion_mapping.py`` (``qwen3_moe`` and ``deepseek_v3`` share ``qwen2_moe``'s pattern).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from vrammath.errors import InputError, one_of
+from vrammath.model import ModelSpec
+from vrammath.params import Tensor
+from vrammath.symbols import E, I, I_e, I_s, L, L_e, a, a_kv, d, d_n, d_r, d_v, h, r, r_kv, r_q
+
+_ONE = sympy.Integer(1)
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+MOE_TARGETS = ("q_a", "q_b", "kv_a", "kv_b", "router", "experts", "shared_gate")
+"""Targets only mixture-of-experts or latent-attention models have."""
+TARGET_GROUPS: dict[str, tuple[str, ...]] = {
+    "all-linear": LORA_TARGETS,
+    "attention": ("q", "k", "v", "o"),
+    "mlp": ("gate", "up", "down"),
+}
+HF_MODULES = {
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
+# Hugging Face names accepted for the MoE/MLA targets (``_proj`` is stripped before)
+_ALIASES = {"kv_a_proj_with_mqa": "kv_a", "shared_expert_gate": "shared_gate"}
+
+# Fused projections (Phi-3's qkv_proj, gate_up_proj): PEFT adapts the whole module, so naming
+# any of its parts puts one adapter on it, of the fused width.
+FUSED_MODULES = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
+_FUSED_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": "gate_up", "up": "gate_up"}
+
+PEFT_RENAMED = {
+    "mixtral": ("w1", "w3", "w2"),
+    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+    "deepseek_v3": ("gate_proj", "up_proj", "down_proj"),
+}
+"""Model types whose MLP names peft 0.21.2 rewrites onto the 3-D experts, with the names it
+takes for gate, up and down (transformers 4's)."""
+
+
+def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
+    """Validated adapter targets in canonical order, from ``"q,v"``, ``"all-linear"`` or a list.
+
+    Hugging Face module names (``q_proj``, ``kv_a_proj_with_mqa``) are accepted too.
+
+    >>> lora_targets("v,q_proj")
+    ('q', 'v')
+    >>> lora_targets("all-linear")
+    ('q', 'k', 'v', 'o', 'gate', 'up', 'down')
+    >>> lora_targets("experts,router,o")
+    ('o', 'router', 'experts')
+    >>> lora_targets("q,x")
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: lora_targets: must be one of q, k, v, o, gate, up, down, q_a, q_b, kv_a, kv_b, router, experts, shared_gate, all-linear, attention, mlp (got 'x')
+    >>> lora_targets(None)
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: lora_targets: must be text or a list of names from q, k, v, o, gate, up, down, q_a, q_b, kv_a, kv_b, router, experts, shared_gate, all-linear, attention, mlp (got None)
+    """
+    names_known = (*LORA_TARGETS, *MOE_TARGETS)
+    allowed = (*names_known, *TARGET_GROUPS)
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
+        raise InputError(
+            "lora_targets", "must be text or a list of names from " + ", ".join(allowed), got=value
+        )
+    names: list[str] = []
+    for item in items:
+        for raw in str(item).split(","):
+            name = raw.strip()
+            name = _ALIASES.get(name, name.removesuffix("_proj"))
+            if name in TARGET_GROUPS:
+                names += TARGET_GROUPS[name]
+            elif name in names_known:
+                names.append(name)
+            else:
+                raise one_of("lora_targets", raw.strip(), allowed)
+    if not names:
+        raise InputError("lora_targets", "must name at least one of " + ", ".join(allowed), got="")
+    return tuple(t for t in names_known if t in names)
+
+
+@dataclass(frozen=True)
+class AdaptedLinear:
+    """One adapted projection kind: its target name, HF module, sizes and multiplicity.
+
+    ``experts`` is E for a 3-D expert parameter (one LoRA per expert, stacked), else 1;
+    ``rank_factor`` is 2 where peft doubles the rank (the fused ``gate_up_proj`` reached by the
+    names gate and up). ``peft_field`` and ``peft_names`` say how peft is told to adapt it
+    (``target_modules`` or ``target_parameters``).
+    """
+
+    target: str
+    module: str
+    in_features: sympy.Expr
+    out_features: sympy.Expr
+    count: sympy.Expr
+    experts: sympy.Expr = _ONE
+    rank_factor: int = 1
+    peft_field: str = "target_modules"
+    peft_names: tuple[str, ...] = ()
+
+    @property
+    def inner(self) -> sympy.Expr:
+        """The adapter's inner width: ``rank_factor * experts * r``."""
+        return self.rank_factor * self.experts * r
+
+    @property
+    def lora_a(self) -> Tensor:
+        """``lora_A.weight``: (inner, in)."""
+        return Tensor(
+            f"{self.module}.lora_A.weight", (self.inner, self.in_features), self.count, "adapter"
+        )
+
+    @property
+    def lora_b(self) -> Tensor:
+        """``lora_B.weight``: (out, inner)."""
+        return Tensor(
+            f"{self.module}.lora_B.weight", (self.out_features, self.inner), self.count, "adapter"
+        )
+
+    @property
+    def params(self) -> sympy.Expr:
+        """Trainable parameters of one such module, inner (in + out)."""
+        return self.inner * (self.in_features + self.out_features)
+
+    @property
+    def wraps_parameter(self) -> bool:
+        """peft adapts a parameter here (``ParamWrapper``), not an ``nn.Linear``."""
+        return self.target in ("router", "experts") or self.experts != 1
+
+
+def _shapes(spec: ModelSpec) -> dict[str, tuple[sympy.Expr, sympy.Expr]]:
+    shapes = {
+        "q": (h, a * d),
+        "k": (h, a_kv * d),
+        "v": (h, a_kv * d),
+        "o": (a * d, h),
+        "gate": (h, I),
+        "up": (h, I),
+        "down": (I, h),
+        "qkv": (h, (a + 2 * a_kv) * d),
+        "gate_up": (h, 2 * I),
+    }
+    if not spec.mlp.gated:  # StarCoder2's plain MLP: c_fc (up) and c_proj (down), no gate
+        del shapes["gate"], shapes["gate_up"]
+    return shapes
+
+
+def _fused_targets(spec: ModelSpec, chosen: tuple[str, ...]) -> list[str]:
+    """``chosen`` with q/k/v and gate/up folded into the fused modules ``spec`` has."""
+    fused = {"qkv": spec.attention.fused_qkv_linear, "gate_up": spec.mlp.fused_gate_up}
+    out: list[str] = []
+    for target in chosen:
+        module = _FUSED_OF.get(target, target)
+        name = module if fused.get(module, False) else target
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _module(spec: ModelSpec, target: str) -> str:
+    """transformers' module name of a target (StarCoder2's plain MLP is c_fc, c_proj)."""
+    if target in FUSED_MODULES:
+        return FUSED_MODULES[target]
+    if not spec.mlp.gated and not spec.attention.fused_qkv and target in ("up", "down"):
+        return {"up": "mlp.c_fc", "down": "mlp.c_proj"}[target]
+    return HF_MODULES[target]
+
+
+def _linear(
+    target: str, module: str, fan_in: sympy.Expr, fan_out: sympy.Expr, count: sympy.Expr
+) -> AdaptedLinear:
+    leaf = module.rsplit(".", 1)[-1]
+    return AdaptedLinear(target, module, fan_in, fan_out, count, peft_names=(leaf,))
+
+
+def _attention_linears(spec: ModelSpec, chosen: tuple[str, ...]) -> list[AdaptedLinear]:
+    """Adapted attention projections of a MoE or MLA model (every layer has them)."""
+    if spec.latent is None:
+        shapes = {k: v for k, v in _shapes(spec).items() if k in TARGET_GROUPS["attention"]}
+        modules = {k: HF_MODULES[k] for k in shapes}
+    else:
+        q_out = a * (d_n + d_r)
+        shapes = (
+            {"q": (h, q_out)}
+            if spec.latent.q_rank is None
+            else {"q_a": (h, r_q), "q_b": (r_q, q_out)}
+        )
+        shapes |= {"kv_a": (h, r_kv + d_r), "kv_b": (r_kv, a * (d_n + d_v)), "o": (a * d_v, h)}
+        names = {"q": "q_proj", "q_a": "q_a_proj", "q_b": "q_b_proj", "kv_a": "kv_a_proj_with_mqa"}
+        modules = {k: "self_attn." + names.get(k, f"{k}_proj") for k in shapes}
+    wanted = [t for t in chosen if t in (*TARGET_GROUPS["attention"], "q_a", "q_b", "kv_a", "kv_b")]
+    if set(TARGET_GROUPS["attention"]) <= set(chosen):
+        wanted = list(shapes)  # the attention group: every projection this attention has
+    for target in wanted:
+        if target not in shapes:
+            raise one_of("lora_targets", target, (*shapes, *_mlp_names(spec), "attention"))
+    return [_linear(t, modules[t], *shapes[t], L) for t in shapes if t in wanted]
+
+
+def _mlp_names(spec: ModelSpec) -> tuple[str, ...]:
+    ex = spec.experts
+    assert ex is not None
+    dense = ex.shared_intermediate or len(ex.layers) < spec.layers
+    mlp = ("gate", "up", "down") if spec.model_type in PEFT_RENAMED or dense else ()
+    return (*mlp, "router", "experts", *(("shared_gate",) if ex.shared_gate else ()))
+
+
+def _expert_param(
+    target: str, param: str, rank_factor: int, names: tuple[str, ...], *, field: str
+) -> AdaptedLinear:
+    """An adapter on the experts' 3-D ``gate_up_proj`` (E, 2 I_e, h) or ``down_proj`` (E, h, I_e)."""
+    fan_in, fan_out = (h, 2 * I_e) if param == "gate_up_proj" else (I_e, h)
+    module = f"mlp.experts.{param}"
+    return AdaptedLinear(
+        target, module, fan_in, fan_out, L_e, E, rank_factor, f"target_{field}", names
+    )
+
+
+def _expert_linears(spec: ModelSpec, chosen: tuple[str, ...]) -> list[AdaptedLinear]:
+    """Adapted router, experts, shared experts and dense MLPs of a MoE model, as peft does it."""
+    ex = spec.experts
+    assert ex is not None
+    whole = set(LORA_TARGETS) <= set(chosen)  # all-linear
+    renamed = PEFT_RENAMED.get(spec.model_type)
+    mlp = [t for t in ("gate", "up", "down") if t in chosen]
+    out: list[AdaptedLinear] = []
+    if mlp and renamed is not None:
+        if ("gate" in mlp) != ("up" in mlp):
+            raise InputError(
+                "lora_targets",
+                f"gate and up must be named together on {spec.model_type} "
+                "(peft fuses them into the experts' gate_up_proj)",
+                got=",".join(chosen),
+            )
+        if "experts" in chosen:
+            raise InputError(
+                "lora_targets",
+                f"experts and gate/up/down both adapt the routed experts on {spec.model_type}: "
+                "name one of them",
+                got=",".join(chosen),
+            )
+        if "gate" in mlp:
+            out.append(_expert_param("gate_up", "gate_up_proj", 2, renamed[:2], field="modules"))
+        if "down" in mlp:
+            out.append(_expert_param("down", "down_proj", 1, renamed[2:], field="modules"))
+    elif mlp:
+        if not (ex.shared_intermediate or len(ex.layers) < spec.layers):
+            raise one_of("lora_targets", ",".join(mlp), _mlp_names(spec))
+        for t in mlp:
+            if ex.shared_intermediate:
+                shape = {"gate": (h, I_s), "up": (h, I_s), "down": (I_s, h)}[t]
+                out.append(_linear(t, f"mlp.shared_expert.{t}_proj", *shape, L_e))
+            if len(ex.layers) < spec.layers:
+                out.append(_linear(t, HF_MODULES[t], *_shapes(spec)[t], L - L_e))
+    if "router" in chosen or (whole and renamed is not None):
+        field, name = (
+            ("target_modules", "gate") if renamed else ("target_parameters", "gate.weight")
+        )
+        out.append(
+            AdaptedLinear("router", "mlp.gate", h, E, L_e, sympy.Integer(1), 1, field, (name,))
+        )
+    if "experts" in chosen:
+        for param in ("gate_up_proj", "down_proj"):
+            out.append(
+                _expert_param("experts", param, 1, (f"experts.{param}",), field="parameters")
+            )
+    if "shared_gate" in chosen or (whole and ex.shared_gate):
+        if not ex.shared_gate:
+            raise one_of("lora_targets", "shared_gate", _mlp_names(spec))
+        out.append(_linear("shared_gate", "mlp.shared_expert_gate", h, sympy.Integer(1), L_e))
+    return out
+
+
+def adapted_linears(spec: ModelSpec, targets: str | Sequence[str]) -> list[AdaptedLinear]:
+    """The projections LoRA adapts in ``spec`` for ``targets``, with symbolic in/out sizes.
+
+    Where ``spec`` fuses projections (Phi-3's ``qkv_proj``, ``gate_up_proj``), naming any part
+    adapts the whole fused module once (target ``qkv`` or ``gate_up``), as PEFT does. On
+    mixture-of-experts and latent-attention models the names resolve as the module's
+    Explanation says.
+
+    >>> from vrammath.presets import load_model
+    >>> [(m.target, m.out_features) for m in adapted_linears(load_model("qwen2-72b"), "k,v")]
+    [('k', a_kv*d), ('v', a_kv*d)]
+    >>> [(m.module, m.out_features) for m in adapted_linears(load_model("phi-3-mini"), "q,v,up")]
+    [('self_attn.qkv_proj', d*(a + 2*a_kv)), ('mlp.gate_up_proj', 2*I)]
+    >>> [(m.module, m.params) for m in adapted_linears(load_model("qwen3-30b-a3b"), "experts")]
+    [('mlp.experts.gate_up_proj', E*r*(2*I_e + h)), ('mlp.experts.down_proj', E*r*(I_e + h))]
+    >>> adapted_linears(load_model("mixtral-8x7b"), "gate")
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: lora_targets: gate and up must be named together on mixtral (peft fuses them into the experts' gate_up_proj) (got 'gate')
+    """
+    chosen = lora_targets(targets)
+    if spec.experts is not None or spec.latent is not None:
+        if spec.experts is None:
+            raise InputError("model", "latent attention without experts is not read", got=spec.name)
+        return _attention_linears(spec, chosen) + _expert_linears(spec, chosen)
+    chosen = tuple(_fused_targets(spec, chosen))
+    shapes = _shapes(spec)
+    out = []
+    for target in chosen:
+        if target not in shapes:
+            raise one_of("lora_targets", target, tuple(x for x in shapes if x in LORA_TARGETS))
+        fan_in, fan_out = shapes[target]
+        out.append(_linear(target, _module(spec, target), fan_in, fan_out, L))
+    return out
+
+
+def adapter_tensors(spec: ModelSpec, targets: str | Sequence[str]) -> list[Tensor]:
+    """Every adapter tensor (``lora_A`` and ``lora_B`` of each adapted module), shapes in r."""
+    return [t for m in adapted_linears(spec, targets) for t in (m.lora_a, m.lora_b)]
+
+
+__all__ = [
+    "FUSED_MODULES",
+    "HF_MODULES",
+    "LORA_TARGETS",
+    "MOE_TARGETS",
+    "PEFT_RENAMED",
+    "TARGET_GROUPS",
+    "AdaptedLinear",
+    "adapted_linears",
+    "adapter_tensors",
+    "lora_targets",
+]
