@@ -169,7 +169,7 @@ class AdaptedLinear:
 
     @property
     def inner(self) -> sympy.Expr:
-        """The adapter's inner width: ``rank_factor * experts * r``."""
+        """Inner width of the adapter, ``rank_factor * experts * r``."""
         return self.rank_factor * self.experts * r
 
     @property
