@@ -195,7 +195,8 @@ class Setup:
         default=DEFAULT_TARGETS,
         metadata=option(
             "--lora-targets",
-            "adapted projections: q,k,v,o,gate,up,down or all-linear (default q,v; needs --lora-rank)",
+            "adapted projections: q,k,v,o,gate,up,down, on MoE/MLA models also router, experts, "
+            "shared_gate, q_a, q_b, kv_a, kv_b; or all-linear (default q,v; needs --lora-rank)",
             kind="targets",
         ),
     )
