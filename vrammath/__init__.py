@@ -41,9 +41,28 @@ from vrammath.korthikanti import (
     korthikanti_layer_terms,
 )
 from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
+from vrammath.latent_korthikanti import mla_attention_terms
 from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
 from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
 from vrammath.model import ModelSpec, from_hf_config
+from vrammath.moe_capacity import expert_capacity, expert_rows, moe_mlp_terms
+from vrammath.moe_korthikanti import (
+    BF16_FLASH,
+    DEEPSEEK_V3_LAYOUT,
+    DEEPSEEK_V3_POLICY,
+    ActivationPolicy,
+    LayoutMemory,
+    deepseek_v3_training_memory,
+    layout_memory,
+    moe_layer_exprs,
+)
+from vrammath.moe_layout import (
+    DEEPSEEK_V3_RECIPE,
+    Layout,
+    RankParams,
+    layout_state_bytes,
+    layout_state_exprs,
+)
 from vrammath.parallel import (
     FSDP_STRATEGIES,
     convention_bytes,
@@ -98,9 +117,13 @@ from vrammath.units import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BF16_FLASH",
     "BNB_BLOCK",
     "BNB_MIN_8BIT_SIZE",
     "COMPONENTS",
+    "DEEPSEEK_V3_LAYOUT",
+    "DEEPSEEK_V3_POLICY",
+    "DEEPSEEK_V3_RECIPE",
     "DEFAULT_RESERVE_BYTES",
     "FORMULAS",
     "FSDP_STRATEGIES",
@@ -108,15 +131,19 @@ __all__ = [
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
     "RECIPES",
+    "ActivationPolicy",
     "Budget",
     "Component",
     "Estimate",
     "Fit",
     "GiB",
     "InputError",
+    "Layout",
+    "LayoutMemory",
     "MiB",
     "ModelSpec",
     "Plan",
+    "RankParams",
     "Serve",
     "Setup",
     "Solution",
@@ -125,9 +152,12 @@ __all__ = [
     "bytes_per_param",
     "cheapest_fit",
     "convention_bytes",
+    "deepseek_v3_training_memory",
     "dtype_bytes",
     "estimate",
     "exact_bytes",
+    "expert_capacity",
+    "expert_rows",
     "fewest_gpus",
     "fit",
     "fmt_bytes",
@@ -152,6 +182,9 @@ __all__ = [
     "largest",
     "largest_micro_batch",
     "largest_tensor_numel",
+    "layout_memory",
+    "layout_state_bytes",
+    "layout_state_exprs",
     "load_config_file",
     "load_gpus",
     "load_model",
@@ -161,9 +194,12 @@ __all__ = [
     "lora_param_expr",
     "lora_state_exprs",
     "lora_values",
+    "mla_attention_terms",
     "model_names",
     "model_state_bytes",
     "model_state_exprs",
+    "moe_layer_exprs",
+    "moe_mlp_terms",
     "nf4_published_bits_per_param",
     "optimizer_step_temp_bytes",
     "param_count",
