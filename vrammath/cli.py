@@ -295,6 +295,14 @@ def _cmd_estimate(args: argparse.Namespace) -> Result:
         f"{setup.optimizer} ({setup.implementation}), ZeRO-{setup.zero} over {setup.gpus} GPU(s), "
         f"micro-batch {setup.micro_batch} x {setup.seq_len} tokens"
     )
+    moe = data.get("moe")
+    if moe is not None:
+        head += (
+            f"\nmixture of experts: {moe['total_params']:,} parameters in all, "
+            f"{moe['active_params']:,} active per token; experts over --ep {setup.ep} "
+            f"(expert-data-parallel group of {setup.gpus // setup.ep}), dense parts over "
+            f"{setup.gpus} data-parallel rank(s)"
+        )
     if setup.lora_rank is None:
         data["trainable_params"] = param_count(setup.model)
     else:

@@ -26,6 +26,7 @@ from functools import cached_property
 import sympy
 
 from vrammath.errors import InputError
+from vrammath.moe import ep_replica_params, expert_values
 from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
@@ -203,6 +204,8 @@ def _values(setup: Setup) -> dict[sympy.Symbol, int]:
         values[P] = rank_param_count(setup.model, setup.tp, setup.pp)
     if setup.lora_rank is not None:
         values[r] = setup.lora_rank
+    if setup.model.experts is not None:
+        values |= expert_values(setup.model, setup.ep)
     return values
 
 
@@ -224,7 +227,8 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     dim0 = None
     if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
         dim0 = dim0_shard_params(setup.model)
-    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0)
+    replica = ep_replica_params() if setup.ep > 1 else None
+    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0, replica=replica)
 
 
 def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
@@ -250,16 +254,54 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
 
 def _check_modelled(setup: Setup) -> None:
     """Refuse what the composition does not describe yet, naming what is missing."""
+    from vrammath.activations import MOE_ACTIVATION_TYPES
+    from vrammath.setup import PRECISION_OF
+
     spec = setup.model
-    if spec.experts is not None or spec.latent is not None:
-        missing = "routed-expert" if spec.experts is not None else "latent-attention"
+    if spec.latent is not None or (
+        spec.experts is not None and spec.model_type not in MOE_ACTIVATION_TYPES
+    ):
         raise InputError(
             "model",
-            f"training estimates of {spec.model_type} need {missing} peaks, not modelled yet "
-            "(parameters: vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; "
-            "activations: vrammath.hf_activation_bytes for mixtral, qwen2_moe, qwen3_moe; "
-            "serving: vrammath serve)",
+            f"training estimates of {spec.model_type} need latent-attention peaks, not modelled "
+            f"yet (estimated MoE: {', '.join(MOE_ACTIVATION_TYPES)}; parameters: "
+            "vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; serving: "
+            "vrammath serve)",
             got=spec.name,
+        )
+    if spec.experts is None:
+        return
+    # mixture of experts: the HF grouped-matmul block, derived and measured in bf16 with SDPA
+    if setup.tp > 1 or setup.pp > 1:
+        raise InputError(
+            "tp/pp",
+            "tensor and pipeline parallelism of mixture-of-experts models are not modelled "
+            "(expert tensor parallelism, MoE pipeline stages); use --ep with --zero",
+            got=(setup.tp, setup.pp),
+        )
+    if setup.activation_formula != "hf":
+        raise InputError(
+            "activation_model",
+            "mixture-of-experts activations are HF-exact only (Korthikanti et al.'s formula has "
+            "no experts); use hf or auto with recompute none or full",
+            got=setup.activation_model,
+        )
+    if setup.lora_rank is not None:
+        raise InputError(
+            "lora_rank", "LoRA on mixture-of-experts models is not modelled", got=setup.lora_rank
+        )
+    if PRECISION_OF[setup.recipe] != "bf16":
+        raise InputError(
+            "recipe",
+            "mixture-of-experts training is derived for bf16-pure only (transformers' grouped "
+            "matmul takes bf16 inputs, so fp32 and autocast cannot be counted in fake mode)",
+            got=setup.recipe,
+        )
+    if setup.attention != "sdpa":
+        raise InputError(
+            "attention",
+            "mixture-of-experts phase peaks are derived for sdpa only",
+            got=setup.attention,
         )
 
 

@@ -273,7 +273,7 @@ def fit(setup: Setup, budget: Budget | None = None) -> Fit:
         host=host_check(given, bud),
         batch=largest_micro_batch(given, bud),
         sequence=longest_sequence(given, bud),
-        gpus=fewest_gpus(given, bud),
+        gpus=fewest_gpus(given, bud, multiple_of=setup.ep),  # EP ranks are part of N_d
         plan=cheapest_fit(setup, bud),
     )
 

@@ -57,7 +57,7 @@ import sympy
 
 from vrammath.errors import InputError
 from vrammath.model import ModelSpec
-from vrammath.params import param_count, size_values, tensors
+from vrammath.params import layer_param_expr, param_count, size_values, tensors
 from vrammath.states import RECIPES, recipe
 from vrammath.symbols import E, I_e, I_s, L, L_e, N_d, P, P_e, b, h, k_e, n_ep, s
 
@@ -93,6 +93,19 @@ def active_param_expr(spec: ModelSpec) -> sympy.Expr:
 def _values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
     top_k = {k_e: spec.experts.top_k} if spec.experts is not None else {}
     return {**size_values(spec), P: param_count(spec), **top_k}
+
+
+def expert_values(spec: ModelSpec, ep: int = 1) -> dict[sympy.Symbol, int]:
+    """The numbers of the expert symbols: ``k_e`` (top-k), ``P_e`` (routed-expert parameters)
+    and ``n_ep`` (expert-parallel ranks).
+
+    >>> from vrammath.presets import load_model
+    >>> expert_values(load_model("mixtral-8x7b"), 8)
+    {k_e: 2, P_e: 45097156608, n_ep: 8}
+    """
+    _moe(spec, "expert values")
+    values = _values(spec)
+    return {k_e: values[k_e], P_e: int(expert_param_expr(spec).subs(values)), n_ep: ep}
 
 
 def active_param_count(spec: ModelSpec) -> int:
@@ -264,13 +277,7 @@ def ep_state_exprs(
     2*P - 2*P_e + 2*P_e/n_ep
     """
     rec = recipe(recipe_name)
-    if optimizer not in _STATE_TENSORS:
-        raise InputError(
-            "optimizer",
-            "must be one of " + ", ".join(_STATE_TENSORS) + " with expert parallelism "
-            "(shape-dependent optimizer states are not split by group here)",
-            got=optimizer,
-        )
+    check_ep_optimizer(optimizer, 2)
     width = {
         "weights": rec.weights,
         "gradients": rec.gradients,
@@ -279,10 +286,58 @@ def ep_state_exprs(
     }
     out: dict[str, sympy.Expr] = {}
     for state, bytes_ in width.items():
-        # sharded: dense over N_d, experts/ep over N_d/ep; else replicas of both
-        held = P / N_d if zero >= _SHARDED_FROM[state] else P - P_e + P_e / n_ep
+        held = P / N_d if zero >= _SHARDED_FROM[state] else ep_replica_params()
         out[state] = sympy.expand(bytes_ * held)
     return out
+
+
+def ep_replica_params() -> sympy.Expr:
+    """Parameters one rank holds of a state ZeRO does not shard, under expert parallelism: the
+    dense part whole, the routed experts split over the ``n_ep`` expert-parallel ranks. (Once
+    sharded, the dense part is divided over the ``N_d`` data-parallel ranks and each rank's
+    ``P_e / n_ep`` over the ``N_d / n_ep`` expert-data-parallel ones: ``P / N_d`` in all.)
+
+    >>> ep_replica_params()
+    P - P_e + P_e/n_ep
+    """
+    return P - P_e + P_e / n_ep
+
+
+def ep_layer_param_expr(spec: ModelSpec) -> sympy.Expr:
+    """Parameters of the layer ZeRO-3 gathers, under expert parallelism: a MoE layer holds its
+    ``E / n_ep`` local experts (the larger of that and a dense layer, numbers deciding).
+
+    >>> from vrammath.presets import load_model
+    >>> spec = load_model("mixtral-8x7b")
+    >>> sympy.factor(ep_layer_param_expr(spec) - layer_param_expr(spec))
+    -3*E*I_e*h*(n_ep - 1)/n_ep
+    """
+    _moe(spec, "expert-parallel layers")
+    from vrammath.params import _in_layer
+
+    per_layer = sympy.Add(*(t.numel for t in tensors(spec) if t.component == "experts"))
+    local = layer_param_expr(spec) - per_layer + per_layer / n_ep
+    if spec.experts is not None and len(spec.experts.layers) < spec.layers:
+        dense = sympy.Add(*(t.numel for t in tensors(spec) if _in_layer(t, False)))
+        return sympy.Max(local, dense, evaluate=False)
+    return sympy.factor_terms(sympy.expand(local))
+
+
+def check_ep_optimizer(optimizer: str, ep: int) -> None:
+    """Expert parallelism splits optimizer states proportional to the parameters only.
+
+    >>> check_ep_optimizer("adafactor", 8)
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: optimizer: must be one of adamw, adam, sgd, sgd-momentum with --ep > 1 (shape-dependent optimizer states are not split by group here) (got 'adafactor')
+    """
+    if ep > 1 and optimizer not in _STATE_TENSORS:
+        raise InputError(
+            "optimizer",
+            "must be one of " + ", ".join(_STATE_TENSORS) + " with --ep > 1 "
+            "(shape-dependent optimizer states are not split by group here)",
+            got=optimizer,
+        )
 
 
 def ep_state_bytes(
@@ -315,9 +370,13 @@ __all__ = [
     "active_param_count",
     "active_param_expr",
     "check_ep",
+    "check_ep_optimizer",
+    "ep_layer_param_expr",
+    "ep_replica_params",
     "ep_state_bytes",
     "ep_state_exprs",
     "expert_param_expr",
+    "expert_values",
     "moe_mlp_kept_bytes",
     "moe_mlp_kept_exprs",
     "mtp_param_count",

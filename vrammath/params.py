@@ -54,6 +54,7 @@ from vrammath.symbols import (
     d_r,
     d_v,
     h,
+    k_e,
     n_pos,
     r_kv,
     r_q,
@@ -99,7 +100,7 @@ def size_values(spec: ModelSpec) -> dict[sympy.Symbol, int]:
     }
     if spec.experts is not None:
         ex = spec.experts
-        values |= {E: ex.count, I_e: ex.intermediate, L_e: len(ex.layers)}
+        values |= {E: ex.count, I_e: ex.intermediate, L_e: len(ex.layers), k_e: ex.top_k}
         if ex.shared_intermediate:
             values[I_s] = ex.shared_intermediate
     if spec.latent is not None:
@@ -459,10 +460,13 @@ def rank_param_count(spec: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> 
     return math.ceil(max(first, last, middle))
 
 
-def largest_tensor_numel(spec: ModelSpec) -> int:
-    """Elements of the largest single parameter tensor (for-loop optimizer temporaries)."""
+def largest_tensor_numel(spec: ModelSpec, ep: int = 1) -> int:
+    """Elements of the largest single parameter tensor (for-loop optimizer temporaries); with
+    ``ep`` expert-parallel ranks, a routed-expert tensor holds its rank's ``E / ep`` experts."""
     values = size_values(spec)
-    return max(int(t.numel.subs(values)) for t in tensors(spec))
+    return max(
+        int(t.numel.subs(values)) // (ep if t.component == "experts" else 1) for t in tensors(spec)
+    )
 
 
 __all__ = [

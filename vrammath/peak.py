@@ -312,12 +312,30 @@ def hf_phase_peaks(
         )
         in_layer = exact[0] if exact[0] is not None else in_layer
         recomputing = exact[1] if exact[1] is not None else recomputing
+    in_layers = [in_layer]
+    in_backward = [recomputing]
+    if spec.experts is not None:  # the MoE blocks' own op-by-op peaks replace a dense layer's
+        from vrammath.moe_peaks import moe_phase_candidates
+
+        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
+        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
+        moe = moe_phase_candidates(
+            spec,
+            before=act - loss["kept"] - after,
+            dense_layer=layer_terms,
+            G=G,
+            recompute=recompute,
+        )
+        # a dense layer's own candidates stay where the model has dense layers
+        dense = len(spec.experts.layers) < spec.layers
+        in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
+        in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
     phases = {
         "forward_end": fwd_end,
-        "forward_peak": _peak(*forward_candidates, in_layer) + gathered,
+        "forward_peak": _peak(*forward_candidates, *in_layers) + gathered,
         "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
-            recomputing + gathered,
+            *(x + gathered for x in in_backward),
             W + O_before + G + embed_temp + gathered + reduce_buffer,
         ),
         "step_peak": W + O_ + G + T_opt,

@@ -29,7 +29,7 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     """Machine-readable form with stable keys; bytes are integers (None = not estimated)."""
     spec = est.gpu_spec
     setup = est.setup
-    return {
+    out: dict[str, object] = {
         "model": setup.model.name,
         "params": param_count(setup.model),
         "setup": {**field_values(setup), "activation_model": setup.activation_formula},
@@ -55,6 +55,29 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
         "gpu": None
         if spec is None
         else {"name": spec.name, "bytes": spec.bytes, "fits": est.fits()},
+    }
+    if setup.model.experts is not None:
+        out["moe"] = moe_dict(est)
+    return out
+
+
+def moe_dict(est: Estimate) -> dict[str, object]:
+    """A mixture-of-experts estimate's parameters (total, active per token, routed experts)
+    and the groups its states are sharded over (:mod:`vrammath.moe`)."""
+    from vrammath.moe import param_summary
+
+    setup = est.setup
+    summary = param_summary(setup.model)
+    return {
+        "total_params": summary["total"],
+        "active_params": summary["active"],
+        "routed_expert_params": summary["routed_experts"],
+        "ep": setup.ep,
+        "groups": {
+            "data_parallel": setup.gpus,
+            "expert_parallel": setup.ep,
+            "expert_data_parallel": setup.gpus // setup.ep,
+        },
     }
 
 

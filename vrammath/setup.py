@@ -30,7 +30,7 @@ from vrammath.adapted import adapted_linears, lora_targets
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.model import ModelSpec
-from vrammath.moe import check_ep
+from vrammath.moe import check_ep, check_ep_optimizer
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
 from vrammath.presets import gpu
 from vrammath.vocab import (
@@ -331,6 +331,7 @@ class Setup:
         if self.pp > spec.layers:
             raise InputError("pp", f"must be at most the layers ({spec.layers})", self.pp)
         check_ep(spec, self.ep, self.gpus)
+        check_ep_optimizer(self.optimizer, self.ep)
         if self.sp and self.tp == 1:
             raise InputError("sp", "sequence parallelism needs tp > 1", got=self.tp)
         if self.schedule == "interleaved":

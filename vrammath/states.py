@@ -292,10 +292,11 @@ def step_temporaries_expr(
 
 
 def optimizer_step_temp_expr(
-    spec: ModelSpec, recipe_name: str, optimizer: str, implementation: str
+    spec: ModelSpec, recipe_name: str, optimizer: str, implementation: str, *, ep: int = 1
 ) -> sympy.Expr:
     """Transient bytes allocated inside ``optimizer.step()`` over the whole model
-    (:func:`step_temporaries_expr` with the recipe's state width).
+    (:func:`step_temporaries_expr` with the recipe's state width); under expert parallelism
+    (``ep``) the largest tensor is the larger of a rank's local expert tensors and the rest.
 
     >>> from vrammath.presets import load_model
     >>> optimizer_step_temp_expr(load_model("llama-7b"), "fp32", "adamw", "foreach")
@@ -307,7 +308,7 @@ def optimizer_step_temp_expr(
         implementation,
         rec.state,
         params=P,
-        largest=sympy.Integer(largest_tensor_numel(spec)),
+        largest=sympy.Integer(largest_tensor_numel(spec, ep)),
     )
 
 

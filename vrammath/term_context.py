@@ -40,6 +40,7 @@ Group = Literal[
 ]
 Live = Literal["resident", "forward+backward", "backward", "backward+step", "step"]
 Offload = Literal["params", "optimizer"]
+ShardGroup = Literal["dp", "dp+edp"]
 
 #: The phase groups, in the order the phase models take them (:class:`vrammath.peak.Groups`).
 GROUPS: tuple[Group, ...] = (
@@ -170,6 +171,12 @@ class Term:
         sharded); a CPU term exists only under it.
     listed : bool
         Whether the estimate lists it as a component (False: a phase transient only).
+    shard_group : str
+        The ranks the row is spread over. ``"dp"``: the data-parallel group of ``N_d`` ranks
+        (from ``sharded_from``). ``"dp+edp"`` (a state proportional to ``P`` of a
+        mixture-of-experts model): the dense part over that group too, the routed experts
+        first split over the ``n_ep`` expert-parallel ranks and, once sharded, over their
+        expert-data-parallel group of ``N_d / n_ep`` ranks (:mod:`vrammath.moe`).
     """
 
     key: str
@@ -182,6 +189,7 @@ class Term:
     offload: Offload | None = None
     note: Text = ""
     listed: bool = True
+    shard_group: ShardGroup = "dp"
 
 
 def per_rank(
@@ -191,6 +199,7 @@ def per_rank(
     zero: int,
     offloaded: bool,
     dim0: sympy.Expr | None = None,
+    replica: sympy.Expr | None = None,
 ) -> sympy.Expr:
     """A row's whole-model ``expr`` on one rank: divided over ``N_d`` from the row's ZeRO stage,
     and 0 on the GPU when its offload is on and it is sharded (each rank's shard streams to the
@@ -198,7 +207,9 @@ def per_rank(
 
     ``dim0`` is the parameter count of the fullest rank when each tensor is sharded on its dim 0
     (FSDP2, :func:`dim0_shard_params`); a row proportional to ``P`` then holds that many
-    parameters' bytes instead of ``1/N_d`` of them.
+    parameters' bytes instead of ``1/N_d`` of them. ``replica`` is what one rank holds of ``P``
+    where ZeRO does not shard a ``"dp+edp"`` row under expert parallelism
+    (:func:`vrammath.moe.ep_replica_params`; sharded, the groups come to ``P / N_d``).
 
     >>> from vrammath.terms import TERMS_BY_KEY
     >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=2, offloaded=False)
@@ -209,8 +220,13 @@ def per_rank(
     0
     >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=3, offloaded=False, dim0=sympy.Symbol("Q"))
     2*Q
+    >>> from vrammath.moe import ep_replica_params
+    >>> per_rank(TERMS_BY_KEY["gradients"], 2 * P, zero=1, offloaded=False, replica=ep_replica_params())
+    2*P - 2*P_e + 2*P_e/n_ep
     """
     sharded = term.sharded_from is not None and zero >= term.sharded_from
+    if not sharded and replica is not None and term.shard_group == "dp+edp":
+        expr = sympy.expand(expr.xreplace({P: replica}))
     if sharded:
         per_param = expr / P  # a number when the row is proportional to P
         expr = per_param * dim0 if dim0 is not None and not per_param.free_symbols else expr / N_d
@@ -250,6 +266,7 @@ __all__ = [
     "Group",
     "Live",
     "Offload",
+    "ShardGroup",
     "Term",
     "dim0_shard_params",
     "per_rank",

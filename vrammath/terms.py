@@ -61,6 +61,7 @@ import sympy
 from vrammath.activation_parts import Parallel
 from vrammath.korthikanti import korthikanti_first_stage_bytes
 from vrammath.lora import lora_activation_layer_expr, lora_step_temp_expr
+from vrammath.moe import ep_layer_param_expr
 from vrammath.params import layer_param_expr
 from vrammath.peak import LOSS_BYTES
 from vrammath.quant import dequant_buffer_expr
@@ -70,6 +71,7 @@ from vrammath.term_context import (
     CPU_ADAM_GRAD_BYTES,
     Builder,
     Context,
+    ShardGroup,
     Term,
 )
 
@@ -158,17 +160,24 @@ def _adapter_activations_note(ctx: Context) -> str:
 # --- in flight: ZeRO-3's gathered layers and reduce buffer --------------------------------------
 
 
+def _layer_params(ctx: Context) -> sympy.Expr:
+    """One layer's parameters as ZeRO-3 gathers them (a MoE layer's local experts under --ep)."""
+    if ctx.setup.ep > 1:
+        return ep_layer_param_expr(ctx.setup.model)
+    return layer_param_expr(ctx.setup.model)
+
+
 def _gathered(ctx: Context) -> sympy.Expr | None:
     # gathered for compute even when the shards live on the CPU
     if ctx.setup.zero != 3:
         return None
-    return 2 * ctx.recipe.weights * layer_param_expr(ctx.setup.model)
+    return 2 * ctx.recipe.weights * _layer_params(ctx)
 
 
 def _reduce_buffer(ctx: Context) -> sympy.Expr | None:
     if ctx.setup.zero != 3:
         return None
-    return ctx.recipe.gradients * layer_param_expr(ctx.setup.model)
+    return ctx.recipe.gradients * _layer_params(ctx)
 
 
 # --- activations --------------------------------------------------------------------------------
@@ -225,7 +234,7 @@ def _step_temporaries(ctx: Context) -> sympy.Expr:
             s.implementation,
             adapter_dtype="fp32",
         )
-    return optimizer_step_temp_expr(s.model, s.recipe, s.optimizer, s.implementation)
+    return optimizer_step_temp_expr(s.model, s.recipe, s.optimizer, s.implementation, ep=s.ep)
 
 
 def _step_note(ctx: Context) -> str:
@@ -305,25 +314,31 @@ def kept_outputs(ctx: Context) -> sympy.Expr | None:
     return logits * b * s * V + LOSS_BYTES
 
 
+# the model states: dense parts over the data-parallel group, routed experts over expert
+# parallelism and the expert-data-parallel group (vrammath.moe)
+EDP: ShardGroup = "dp+edp"
+
 #: Every memory term of a training setup, in the order an estimate lists them.
 TERMS: tuple[Term, ...] = (
     Term("weights", _weights_label, "gpu", _weights, "weights", "resident", 3, "params",
-         lambda ctx: "no gradients, master copy or optimizer states" if ctx.lora else ""),
+         lambda ctx: "no gradients, master copy or optimizer states" if ctx.lora else "",
+         shard_group=EDP),
     Term("gradients", "gradients", "gpu", _state("gradients"), "gradients", "backward+step", 2,
-         "optimizer"),
+         "optimizer", shard_group=EDP),
     Term("master", "master weights (fp32)", "gpu", _state("master"), "weights", "resident", 1,
-         "optimizer"),
+         "optimizer", shard_group=EDP),
     Term("optimizer", "optimizer states", "gpu", _state("optimizer"), "optimizer", "resident", 1,
-         "optimizer"),
+         "optimizer", shard_group=EDP),
     Term("cpu_master", "master weights (fp32) (offloaded)", "cpu",
-         _offloaded_state("master"), "weights", "resident", 1, "optimizer"),
+         _offloaded_state("master"), "weights", "resident", 1, "optimizer", shard_group=EDP),
     Term("cpu_optimizer", "optimizer states (offloaded)", "cpu",
-         _offloaded_state("optimizer"), "optimizer", "resident", 1, "optimizer"),
+         _offloaded_state("optimizer"), "optimizer", "resident", 1, "optimizer",
+         shard_group=EDP),
     Term("cpu_gradients", "gradients (offloaded)", "cpu",
          _offloaded_state("gradients"), "gradients", "backward+step", 1,
-         "optimizer"),
+         "optimizer", shard_group=EDP),
     Term("cpu_weights", "weights (offloaded)", "cpu", _offloaded_state("weights"),
-         "weights", "resident", 3, "params"),
+         "weights", "resident", 3, "params", shard_group=EDP),
     Term("quant_constants", lambda ctx: f"quantization constants ({ctx.setup.quant})", "gpu",
          _quant_constants, "weights", "resident", 3,
          note=lambda ctx: "uint8 absmax per 64 + fp32 per 256 + offset"
@@ -354,7 +369,8 @@ TERMS: tuple[Term, ...] = (
          "resident", note="logits + loss, until the next forward rebinds the output"),
     Term("step_temporaries",
          lambda ctx: f"optimizer step temporaries ({ctx.setup.implementation})", "gpu",
-         _step_temporaries, "temporaries", "step", 1, "optimizer", note=_step_note),
+         _step_temporaries, "temporaries", "step", 1, "optimizer", note=_step_note,
+         shard_group=EDP),
 )  # fmt: skip
 
 #: The rows by key.

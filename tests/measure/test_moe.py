@@ -6,7 +6,10 @@
   qk_rope_head_dim`` elements per token and layer), as :func:`vrammath.kv_cache.kv_cache_bytes`;
 * the memory a training forward keeps does not depend on how tokens are routed (MemTracker on
   real bf16 tensors, two router initialisations and correction biases, the routing checked to
-  differ), for transformers' grouped-matmul experts and for its per-expert loop.
+  differ), for transformers' grouped-matmul experts and for its per-expert loop;
+* nor do the grouped experts' forward and backward peaks, with and without recomputation
+  (the op-by-op steps of :mod:`vrammath.moe_peaks`), while the per-expert loop's backward peak
+  moves with the routing.
 
 bf16 throughout: the grouped matmul (``torch._grouped_mm``) takes bf16 inputs only, so its fp32
 memory cannot be counted here.
@@ -218,3 +221,59 @@ def _block_kept(model_type: str, tokens: int, top_k: int) -> tuple[int, int]:
 def test_moe_block_kept_bytes_exact(model_type: str, tokens: int, top_k: int) -> None:
     measured, predicted = _block_kept(model_type, tokens, top_k)
     assert measured == predicted
+
+
+def _step_peaks(model_type: str, seed: int, implementation: str, recompute: bool) -> Any:
+    """Forward and backward peaks (MemTracker, real bf16 tensors) of one training step, with
+    the routers re-drawn by ``seed``; and the tokens each expert received."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from vrammath.measure.step import _Phases
+
+    torch.manual_seed(seed)
+    hf = _hf_config(_tiny(model_type))
+    hf._attn_implementation = "sdpa"
+    hf._experts_implementation = implementation
+    hf.use_cache = False
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).train()
+    if recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    routes: list[Any] = []
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith(("TopKRouter", "TopkRouter")):
+                module.weight.normal_(0, 1.0)
+                module.register_forward_hook(lambda _m, _i, out: routes.append(out[2]))
+    ids = torch.randint(0, 160, (2, 64), generator=torch.Generator().manual_seed(0))
+    tracker = MemTracker()
+    tracker.track_external(model)
+    phases = _Phases(tracker, cuda=False)
+    record: dict[str, Any] = {}
+    with tracker:
+        with phases.phase(record, "forward", "Activation"):
+            loss = model(input_ids=ids, labels=ids).loss
+        with phases.phase(record, "backward", "Temp"):
+            loss.backward()
+            del loss
+    load = torch.bincount(torch.cat([r.reshape(-1) for r in routes]), minlength=8)
+    return (record["forward"]["peak"]["Total"], record["backward"]["peak"]["Total"]), load
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_phase_peaks_do_not_depend_on_routing(model_type: str, recompute: bool) -> None:
+    """The grouped matmul's peaks, forward and backward (the recomputation's too), are the same
+    whichever experts the tokens go to: every buffer has S = b s k rows."""
+    one, load_one = _step_peaks(model_type, 0, "grouped_mm", recompute)
+    two, load_two = _step_peaks(model_type, 1, "grouped_mm", recompute)
+    assert not torch.equal(load_one, load_two)
+    assert one == two
+
+
+def test_per_expert_loop_peak_depends_on_routing() -> None:
+    """The contrast: transformers' per-expert loop (``eager``) sizes each expert's buffers by
+    its load, so its backward peak moves with the routing (the grouped peaks above do not)."""
+    (fwd_one, bwd_one), _ = _step_peaks("mixtral", 0, "eager", False)
+    (fwd_two, bwd_two), _ = _step_peaks("mixtral", 1, "eager", False)
+    assert fwd_one == fwd_two  # the forward peaks at the loss here, after the experts
+    assert bwd_one != bwd_two

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from vrammath.errors import InputError, one_of
 from vrammath.measure.build_decoders import MODEL_TYPES as DECODER_TYPES
 from vrammath.measure.build_decoders import decoder_class, decoder_config
+from vrammath.measure.build_moe import MODEL_TYPES as MOE_TYPES
+from vrammath.measure.build_moe import moe_class, moe_config
 from vrammath.model import ModelSpec, from_hf_config
 
 if TYPE_CHECKING:
@@ -81,6 +83,9 @@ def hf_config(
     n_layers = spec.layers if layers is None else layers
     if spec.model_type in DECODER_TYPES:
         cfg = decoder_config(spec, n_layers)
+    elif spec.model_type in MOE_TYPES:
+        cfg = moe_config(spec, n_layers)
+        cfg._experts_implementation = "grouped_mm"
     elif spec.model_type == "gpt_neox":
         rotary = spec.attention.rotary_dim
         cfg = transformers.GPTNeoXConfig(
@@ -196,6 +201,8 @@ def build_model(
     cfg = hf_config(spec, attention=attention, layers=layers, gelu=gelu)
     if spec.model_type in DECODER_TYPES:
         cls = decoder_class(spec)
+    elif spec.model_type in MOE_TYPES:
+        cls = moe_class(spec)
     else:
         cls = {
             "gpt2": transformers.GPT2LMHeadModel,

@@ -3,8 +3,10 @@
 ``python -m vrammath.measure.matrix`` measures every row (fake tensors on a CPU), compares each
 component with vrammath's estimate, and writes ``validation/matrix.json`` with the torch and
 transformers versions and the command. ``--diff`` compares a fresh run with the committed file;
-``--quick`` keeps only the rows marked quick (small models), ``--rows`` selects by id substring;
-``--rescore FILE`` compares a committed matrix's measured numbers with the current estimates.
+``--quick`` keeps only the rows marked quick (small models), ``--rows`` selects by id substrings;
+``--update FILE`` measures the selected rows and puts them into FILE, every other row left as
+it is; ``--rescore FILE`` compares a committed matrix's measured numbers with the current
+estimates. The rows are in :mod:`vrammath.measure.matrix_rows`.
 
 Targets: parameters, gradients and optimizer states exact (0 bytes); activations and the step peak
 within 1%. A row outside the target stays failing, with its explanation in the data.
@@ -22,110 +24,12 @@ from typing import Any
 
 from vrammath.estimate import estimate
 from vrammath.measure.build import RECIPE_OF, as_spec
+from vrammath.measure.matrix_rows import CONFIGS, GPT_TANH, GPU_ROWS, ROWS, SMALL_GQA, SMALL_TIED
 from vrammath.setup import Setup, with_changes
 
 TOLERANCE = {"exact": 0.0, "activations": 0.01, "peak": 0.01}
 EXACT = ("parameters", "gradients", "optimizer")
 ONE_PERCENT = ("activations", "forward_peak", "backward_peak", "step_peak", "peak", "first_peak")
-
-SMALL_GQA = {
-    "model_type": "llama",
-    "hidden_size": 96,
-    "intermediate_size": 200,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 6,
-    "num_key_value_heads": 2,
-    "head_dim": 24,
-    "vocab_size": 1000,
-}
-"""GQA (6 query heads, 2 KV heads), head_dim 24 given explicitly (a d = 144 != h = 96), odd I."""
-
-SMALL_TIED = {
-    "model_type": "qwen2",
-    "hidden_size": 80,
-    "intermediate_size": 136,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 5,
-    "num_key_value_heads": 1,
-    "vocab_size": 777,
-    "tie_word_embeddings": True,
-}
-"""Qwen2 with q/k/v biases, one KV head (MQA), tied embeddings, odd vocabulary."""
-
-GPT_TANH = {
-    "model_type": "gpt2",
-    "n_embd": 256,
-    "n_layer": 4,
-    "n_head": 8,
-    "vocab_size": 5000,
-    "n_positions": 1024,
-    "activation_function": "gelu_pytorch_tanh",
-}
-"""GPT-2 with PyTorch's fused tanh GeLU: where Korthikanti et al.'s assumptions should hold."""
-
-CONFIGS: dict[str, Any] = {
-    "small-gqa": SMALL_GQA,
-    "small-tied-mqa": SMALL_TIED,
-    "gpt-tanh": GPT_TANH,
-}
-
-
-def _row(
-    model: str,
-    batch: int,
-    seq: int,
-    precision: str,
-    attention: str,
-    recompute: str = "none",
-    *,
-    zero3: int | None = None,
-    quick: bool = False,
-    implementation: str = "foreach",
-) -> dict[str, Any]:
-    rid = f"{model}/b{batch}/s{seq}/{precision}/{attention}/rc-{recompute}"
-    if zero3:
-        rid += f"/zero3x{zero3}"
-    if implementation != "foreach":
-        rid += f"/{implementation}"
-    return {
-        "id": rid,
-        "model": model,
-        "batch": batch,
-        "seq": seq,
-        "precision": precision,
-        "attention": attention,
-        "recompute": recompute,
-        "optimizer": "adamw",
-        "implementation": implementation,
-        "zero3_ranks": zero3,
-        "quick": quick,
-    }
-
-
-ROWS: list[dict[str, Any]] = [
-    # small configs: GQA + explicit head_dim + odd sizes; tied embeddings + MQA + biases
-    _row("small-gqa", 1, 512, "bf16", "sdpa", quick=True),
-    _row("small-gqa", 4, 512, "bf16", "eager", quick=True),
-    _row("small-gqa", 4, 512, "fp32", "sdpa", quick=True),
-    _row("small-gqa", 1, 4096, "autocast-bf16", "sdpa", quick=True),
-    _row("small-gqa", 4, 512, "autocast-bf16", "eager", "full", quick=True),
-    _row("small-gqa", 4, 512, "fp32", "eager", "full", quick=True, implementation="for-loop"),
-    _row("small-tied-mqa", 4, 512, "bf16", "eager", quick=True),
-    _row("small-tied-mqa", 1, 4096, "fp32", "sdpa", "full", quick=True),
-    _row("small-gqa", 4, 512, "bf16", "sdpa", zero3=8, quick=True),
-    _row("small-tied-mqa", 4, 512, "fp32", "sdpa", zero3=8, quick=True),
-    # GPT-2 style
-    _row("gpt-tanh", 4, 512, "bf16", "eager", quick=True),
-    _row("gpt-tanh", 1, 512, "fp32", "eager", "full", quick=True),
-    _row("gpt2", 4, 512, "bf16", "eager"),
-    # real configs
-    _row("llama-7b", 1, 512, "bf16", "sdpa"),
-    _row("llama-7b", 1, 512, "bf16", "eager"),
-    _row("llama-7b", 1, 512, "fp32", "sdpa"),
-    _row("llama-7b", 4, 4096, "bf16", "sdpa"),
-    _row("llama-7b", 1, 4096, "autocast-bf16", "sdpa", "full"),
-    _row("qwen2-72b", 1, 4096, "bf16", "sdpa", "full"),
-]
 
 
 def _model_arg(name: str) -> Any:
@@ -406,6 +310,30 @@ def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
     }
 
 
+def update(committed: dict[str, Any], fresh: dict[str, Any], command: str) -> dict[str, Any]:
+    """``committed`` with the rows of ``fresh`` put in (replacing rows of the same id, new rows
+    in :data:`ROWS`' order), its other rows untouched; the configs, totals and the command of
+    the update recomputed."""
+    new = {r["id"]: r for r in fresh["rows"]}
+    rows = [new.pop(r["id"], r) for r in committed["rows"]]
+    order = {r["id"]: i for i, r in enumerate(ROWS)}
+    for row in sorted(new.values(), key=lambda r: order.get(r["id"], len(order))):
+        rows.append(row)
+    rows.sort(key=lambda r: order.get(r["id"], len(order)))
+    worst: dict[str, float] = {}
+    for r in rows:
+        for name, c in r.get("components", {}).items():
+            worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    return {
+        **committed,
+        "configs": CONFIGS,
+        "updated": command,
+        "worst_rel_error": worst,
+        "passed": sum(1 for r in rows if r["pass"]),
+        "rows": rows,
+    }
+
+
 ROW_KEYS = (
     "id",
     "model",
@@ -424,18 +352,6 @@ ROW_KEYS = (
 def default_path() -> Path:
     """``validation/matrix.json`` of the source checkout."""
     return Path(__file__).resolve().parents[2] / "validation" / "matrix.json"
-
-
-GPU_ROWS: list[dict[str, Any]] = [
-    _row("small-gqa", 1, 512, "bf16", "sdpa", implementation="fused"),
-    _row("llama-7b", 1, 512, "bf16", "sdpa", implementation="fused"),
-    _row("llama-7b", 1, 512, "bf16", "eager", implementation="fused"),
-    _row("llama-7b", 1, 4096, "bf16", "sdpa", implementation="fused"),
-    _row("llama-7b", 1, 4096, "bf16", "sdpa", "full", implementation="fused"),
-    _row("llama-7b", 1, 512, "autocast-bf16", "sdpa", implementation="foreach"),
-    _row("gpt2", 4, 512, "bf16", "eager", implementation="fused"),
-]
-"""Rows ``tools/gpu_measure.sh`` measures with the CUDA allocator (they fit one 80+ GB GPU)."""
 
 
 def run_cuda_rows(rows: list[dict[str, Any]], log: Any = None) -> list[dict[str, Any]]:
@@ -486,8 +402,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the matrix here")
     parser.add_argument("--diff", type=Path, default=None, help="compare with this matrix file")
     parser.add_argument("--quick", action="store_true", help="small-model rows only")
-    parser.add_argument("--rows", default=None, help="only rows whose id contains this")
+    parser.add_argument(
+        "--rows", default=None, help="only rows whose id contains this (or one of a,b,...)"
+    )
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--update",
+        type=Path,
+        default=None,
+        help="measure the selected rows and put them into this matrix file (others unchanged)",
+    )
     parser.add_argument("--cuda", action="store_true", help="measure GPU_ROWS on a CUDA GPU")
     parser.add_argument(
         "--rescore",
@@ -527,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = [r for r in ROWS if (r["quick"] or not args.quick)]
     if args.rows:
-        rows = [r for r in rows if args.rows in r["id"]]
+        wanted = args.rows.split(",")
+        rows = [r for r in rows if any(w in r["id"] for w in wanted)]
     command = "python -m vrammath.measure.matrix " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -537,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(matrix, indent=1) + "\n", encoding="utf-8")
+    if args.update:
+        committed = json.loads(args.update.read_text(encoding="utf-8"))
+        merged = update(committed, matrix, command.strip())
+        args.update.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
     status = 0
     if args.diff:
         changes = diff(matrix, json.loads(args.diff.read_text(encoding="utf-8")))
@@ -545,6 +474,32 @@ def main(argv: list[str] | None = None) -> int:
         status = 1 if changes else 0
     print(f"{matrix['passed']}/{len(matrix['rows'])} rows pass; worst: {matrix['worst_rel_error']}")
     return status
+
+
+__all__ = [
+    "CONFIGS",
+    "EXACT",
+    "GPT_TANH",
+    "GPU_ROWS",
+    "ONE_PERCENT",
+    "ROWS",
+    "ROW_KEYS",
+    "SMALL_GQA",
+    "SMALL_TIED",
+    "TOLERANCE",
+    "build_matrix",
+    "compare",
+    "diff",
+    "estimate_row",
+    "explain",
+    "measured_row",
+    "rescore",
+    "run_cuda_rows",
+    "run_rows",
+    "setup_of",
+    "step_counter_bytes",
+    "update",
+]
 
 
 if __name__ == "__main__":

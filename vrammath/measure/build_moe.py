@@ -1,0 +1,72 @@
+"""transformers configs and model classes of the mixture-of-experts decoders (Mixtral, Qwen-MoE).
+
+:mod:`vrammath.measure.build` asks here for the model types whose MoE training is estimated
+(:data:`vrammath.activations.MOE_ACTIVATION_TYPES`). The experts run transformers' grouped
+matmul (``_experts_implementation = "grouped_mm"``), which takes bf16 inputs only; torch and
+transformers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vrammath.model import ModelSpec
+
+MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe")
+"""The model types this module builds."""
+
+
+def moe_config(spec: ModelSpec, layers: int) -> Any:
+    """The transformers config of ``spec`` (one of :data:`MODEL_TYPES`) with ``layers`` layers;
+    the MoE layers are the spec's (the others listed in ``mlp_only_layers``)."""
+    import transformers
+
+    ex = spec.experts
+    assert ex is not None
+    common: dict[str, Any] = {
+        "hidden_size": spec.hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "max_position_embeddings": spec.max_positions,
+        "num_experts_per_tok": ex.top_k,
+        "output_router_logits": False,
+    }
+    if spec.model_type == "mixtral":
+        return transformers.MixtralConfig(
+            **common, intermediate_size=ex.intermediate, num_local_experts=ex.count
+        )
+    qwen: dict[str, Any] = {
+        **common,
+        "intermediate_size": spec.intermediate,
+        "moe_intermediate_size": ex.intermediate,
+        "num_experts": ex.count,
+        "norm_topk_prob": ex.norm_topk,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [i for i in range(layers) if i not in ex.layers],
+        "use_sliding_window": False,
+    }
+    if spec.model_type == "qwen2_moe":
+        return transformers.Qwen2MoeConfig(
+            **qwen,
+            qkv_bias=spec.qkv_bias,
+            shared_expert_intermediate_size=ex.shared_intermediate,
+        )
+    return transformers.Qwen3MoeConfig(**qwen, attention_bias=spec.qkv_bias)
+
+
+def moe_class(spec: ModelSpec) -> Any:
+    """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
+    import transformers
+
+    return {
+        "mixtral": transformers.MixtralForCausalLM,
+        "qwen2_moe": transformers.Qwen2MoeForCausalLM,
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+    }[spec.model_type]
+
+
+__all__ = ["MODEL_TYPES", "moe_class", "moe_config"]
