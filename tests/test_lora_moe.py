@@ -9,6 +9,7 @@ import math
 import pytest
 import sympy
 
+import vrammath as vm
 from vrammath.adapted import adapted_linears, lora_targets
 from vrammath.errors import InputError
 from vrammath.lora import lora_activation_layer_expr, lora_param_count
@@ -21,9 +22,10 @@ from vrammath.quant import (
     frozen_base_exprs,
     quantized_tensors,
 )
-from vrammath.setup import Setup
+from vrammath.setup import Setup, setup_warnings
 from vrammath.states import state_values
 from vrammath.symbols import L, b, r, s
+from vrammath.vocab import Quant
 
 H, I_E, E, LAYERS, KV = 4096, 14336, 8, 32, 1024  # Mixtral-8x7B
 
@@ -76,7 +78,7 @@ def test_refused_targets_name_the_allowed_ones(model: str, targets: str, message
     with pytest.raises(InputError, match=message):
         adapted_linears(load_model(model), targets)
     with pytest.raises(InputError, match=message):
-        Setup(load_model(model), lora_rank=8, lora_targets=targets)
+        Setup(load_model(model), lora_rank=8, lora_targets=lora_targets(targets))
 
 
 def test_hf_names_are_accepted() -> None:
@@ -141,3 +143,68 @@ def test_shared_experts_and_dense_layers_are_quantized() -> None:
     assert not any("experts.gate_up_proj" in n or n == "mlp.gate.weight" for n in names)
     dense = load_model("llama-7b")
     assert all(t.count == L for t in quantized_tensors(dense))
+
+
+# --- the training estimate --------------------------------------------------------------------
+
+
+def _estimate(
+    targets: str = "q,v", quant: Quant | None = None, ep: int = 1, gpus: int = 1
+) -> vm.Estimate:
+    spec = load_model("mixtral-8x7b")
+    return vm.estimate(
+        Setup(
+            spec,
+            recipe="bf16-pure",
+            lora_rank=16,
+            lora_targets=lora_targets(targets),
+            quant=quant,
+            seq_len=2048,
+            ep=ep,
+            gpus=gpus,
+        )
+    )
+
+
+def test_mixtral_lora_estimate_adds_adapters_to_the_frozen_base() -> None:
+    spec = load_model("mixtral-8x7b")
+    est = _estimate("q,k,v,o")
+    parts = {c.key: c.bytes for c in est.components}
+    n = lora_param_count(spec, 16, "q,k,v,o")
+    assert parts["weights"] == 2 * vm.param_count(spec)
+    assert parts["adapter_weights"] == parts["adapter_gradients"] == 4 * n
+    assert parts["adapter_optimizer"] == 8 * n
+    assert "gradients" not in parts
+    assert "optimizer" not in parts
+    layer = lora_activation_layer_expr(spec, "q,k,v,o", input_bytes=2, adapter_bytes=4)
+    values = {**size_values(spec), r: 16, b: 1, s: 2048}
+    assert parts["adapter_activations"] == int((L * layer).subs(values))
+    full = vm.estimate(Setup(spec, recipe="bf16-pure", seq_len=2048))
+    assert parts["activations"] == {c.key: c.bytes for c in full.components}["activations"]
+    assert est.gpu_bytes < full.gpu_bytes
+
+
+def test_mixtral_qlora_estimate_keeps_the_experts_in_bf16() -> None:
+    spec = load_model("mixtral-8x7b")
+    est = _estimate(quant="nf4")
+    parts = {c.key: c.bytes for c in est.components}
+    exprs = frozen_base_exprs(spec, "nf4", 2)
+    values = state_values(spec)
+    assert parts["weights"] == int(exprs["weights"].subs(values))
+    assert parts["quant_constants"] == int(exprs["quant_constants"].subs(values))
+    assert parts["weights"] > 0.97 * 2 * vm.param_count(spec)  # the experts are most of it
+    assert any("stay in 16 bits" in w for w in setup_warnings(est.setup))
+
+
+def test_lora_estimate_under_expert_parallelism_splits_the_frozen_experts() -> None:
+    spec = load_model("mixtral-8x7b")
+    est = _estimate("q,k,v,o", ep=8, gpus=8)
+    weights = {c.key: c.bytes for c in est.components}["weights"]
+    experts = vm.moe.param_summary(spec)["routed_experts"]
+    assert weights == 2 * (vm.param_count(spec) - experts) + 2 * experts // 8
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "router", "experts", "gate,up,down"])
+def test_wrapped_targets_are_refused_by_the_estimate(targets: str) -> None:
+    with pytest.raises(InputError, match="estimated: q, k, v, o, attention"):
+        _estimate(targets)

@@ -376,6 +376,41 @@ def adapted_linears(spec: ModelSpec, targets: str | Sequence[str]) -> list[Adapt
     return out
 
 
+def check_estimated_targets(spec: ModelSpec, targets: str | Sequence[str]) -> None:
+    """Refuse, for a training estimate, adapters that peft puts on a parameter (the router and
+    the experts), naming the targets the estimate takes.
+
+    Their states (:func:`vrammath.lora.lora_state_exprs`) and kept activations
+    (:func:`vrammath.lora.lora_activation_layer_expr`) are exact and measured, but the backward
+    of a wrapped parameter makes the gradient of the whole merged weight, one layer's experts at
+    a time, which the MoE phase peaks (:mod:`vrammath.moe_peaks`) do not hold.
+
+    >>> from vrammath.presets import load_model
+    >>> check_estimated_targets(load_model("mixtral-8x7b"), "q,k,v,o")
+    >>> check_estimated_targets(load_model("mixtral-8x7b"), "all-linear")
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: lora_targets: adapters on the router or the experts are not in the training estimate of mixtral-8x7b (their states and kept activations: vrammath.lora); estimated: q, k, v, o, attention (got 'q,k,v,o,gate,up,down')
+    """
+    wrapped = [m for m in adapted_linears(spec, targets) if m.wraps_parameter]
+    if not wrapped:
+        return
+    allowed = []
+    for name in (*LORA_TARGETS, *MOE_TARGETS, "attention"):
+        try:
+            chosen = adapted_linears(spec, name)
+        except InputError:
+            continue
+        if not any(m.wraps_parameter for m in chosen):
+            allowed.append(name)
+    raise InputError(
+        "lora_targets",
+        f"adapters on the router or the experts are not in the training estimate of {spec.name} "
+        "(their states and kept activations: vrammath.lora); estimated: " + ", ".join(allowed),
+        got=",".join(lora_targets(targets)),
+    )
+
+
 def adapter_tensors(spec: ModelSpec, targets: str | Sequence[str]) -> list[Tensor]:
     """Every adapter tensor (``lora_A`` and ``lora_B`` of each adapted module), shapes in r."""
     return [t for m in adapted_linears(spec, targets) for t in (m.lora_a, m.lora_b)]
@@ -391,5 +426,6 @@ __all__ = [
     "AdaptedLinear",
     "adapted_linears",
     "adapter_tensors",
+    "check_estimated_targets",
     "lora_targets",
 ]

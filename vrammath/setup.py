@@ -419,6 +419,12 @@ def setup_warnings(setup: Setup) -> tuple[str, ...]:
     limit = setup.model.max_positions
     if setup.seq_len > limit:
         out.append(f"seq_len {setup.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    if setup.quant is not None and setup.model.experts is not None:
+        # transformers 5's bitsandbytes replaces nn.Linear only (vrammath.quant.quantized_tensors)
+        out.append(
+            f"quant {setup.quant}: the routed experts (3-D parameters in transformers 5) and the "
+            "router stay in 16 bits; only nn.Linear layers are quantized"
+        )
     return tuple(out)
 
 
