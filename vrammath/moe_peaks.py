@@ -34,7 +34,7 @@ follows the sizes. With ``N = b s`` tokens and ``S = N k`` routed rows:
   (tensors of N E and N k elements, after every S-row tensor is freed) is below these and not
   listed.
 
-:func:`moe_phase_peaks` composes them with the rest of the step: the last layer's block in
+:func:`moe_phase_candidates` composes them with the rest of the step: the last layer's block in
 forward, the top and the bottom layer's block in backward, with full recomputation the
 recomputation of a layer (which stops once the last tensor backward needs -- the inverse
 permutation -- is saved again). Single-layer models and models whose top or bottom layer is
@@ -65,7 +65,8 @@ from vrammath.model import ModelSpec
 from vrammath.params import tensors
 from vrammath.symbols import E, I_e, I_s, P, V, b, h, k_e, s
 
-#: One op's step: (bytes it adds less bytes freed, parameters whose gradients it creates).
+#: The step of one op, as a pair (the bytes it adds less the bytes freed, and the parameters
+#: whose gradients it creates).
 Step = tuple[sympy.Expr, sympy.Expr]
 
 _Z = sympy.Integer(0)
