@@ -27,6 +27,7 @@ from typing import Any
 
 from vrammath.adapted import adapted_linears, lora_targets
 from vrammath.measure.build import as_spec, build_model, real_training_masks
+from vrammath.measure.build_moe import MODEL_TYPES as MOE_TYPES
 from vrammath.model import ModelSpec
 
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
@@ -84,11 +85,8 @@ def _module_to_in_place() -> Any:
 
 
 def _moe_model(model: object, precision: str, layers: int | None) -> Any:
-    """A mixture-of-experts model straight from its config dict (grouped-matmul experts, SDPA).
-
-    ``build_model`` writes configs for the dense readers only; transformers reads a MoE
-    config.json as it is.
-    """
+    """A mixture-of-experts model ``build_model`` does not write a config for (DeepSeek-V3),
+    straight from its config dict (grouped-matmul experts, SDPA)."""
     import transformers
 
     from vrammath.errors import InputError
@@ -155,7 +153,7 @@ def measure_lora_step(
     started = time.perf_counter()
     with real_training_masks(), FakeTensorMode():
         torch.manual_seed(0)
-        if spec.experts is not None:
+        if spec.experts is not None and spec.model_type not in MOE_TYPES:
             net = _moe_model(model, precision, layers)
         else:
             net = build_model(spec, precision=precision, attention="sdpa", layers=layers)
