@@ -36,6 +36,7 @@ from vrammath.activation_parts import (
     _unit_offset_norm_kept,
 )
 from vrammath.errors import InputError
+from vrammath.latent_attention import mla_rope_bytes
 from vrammath.layer_terms import (
     _check_dropout,
     hf_layer_bytes,
@@ -191,6 +192,8 @@ def hf_activation_terms(
         # a partial table has 2 ceil(r / 2) columns: the frequencies of every other dimension, twice
         width = d if rotary is None else 2 * (-(-rotary // 2))
         terms["rope"] = 2 * s * width * (4 if spec.attention.rope_fp32 else res)
+        if spec.latent is not None:  # DeepSeek-V3's tables are qk_rope_head_dim wide
+            terms["rope"] = mla_rope_bytes(spec, precision)
         n_win = _window_layer_count(spec)
         if spec.attention.qk_norm == "head" and spec.norms.unit_offset and n_win not in (0, L):
             # Gemma-3: a second (cos, sin) pair with the sliding layers' own base
@@ -212,24 +215,25 @@ def hf_activation_terms(
 
 # --- mixture-of-experts layers (vrammath.moe) ---------------------------------------------------
 
-MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 """MoE model types whose whole layer is derived: GQA attention as LLaMA's (with Qwen3's q/k
-norms), MoE MLP measured."""
+norms) or DeepSeek-V3's latent attention (:mod:`vrammath.latent_attention`), MoE MLP measured."""
 
 
 def _moe_layers_bytes(
     spec: ModelSpec, attention: Attention, precision: Precision, device: Literal["cuda", "cpu"]
 ) -> sympy.Expr:
     """``L - L_e`` dense layers plus ``L_e`` layers whose SwiGLU term is the MoE block's
-    (:func:`vrammath.moe.moe_mlp_kept_exprs`; the block's output is freed by the residual add)."""
+    (:func:`vrammath.moe.moe_mlp_kept_exprs`; the block's output is freed by the residual add).
+    Latent attention's layer is :func:`vrammath.latent_attention.mla_layer_terms`."""
+    from vrammath.latent_attention import mla_layer_terms
     from vrammath.moe import moe_mlp_kept_exprs
     from vrammath.symbols import L_e
 
     if spec.model_type not in MOE_ACTIVATION_TYPES:
-        missing = "latent attention" if spec.latent is not None else "its attention"
         raise InputError(
             "model",
-            f"activations of {spec.model_type} need {missing}, not derived yet "
+            f"activations of {spec.model_type} are not derived yet "
             f"(derived: {', '.join(MOE_ACTIVATION_TYPES)})",
             got=spec.name,
         )
@@ -241,7 +245,10 @@ def _moe_layers_bytes(
             got=precision,
         )
     # Qwen3-MoE's q/k norms are Qwen3's (qk_norm_bytes, in the layer terms' "qk_norms")
-    terms = hf_layer_terms(spec, attention, precision, device=device)
+    if spec.latent is not None:
+        terms = mla_layer_terms(spec, attention, precision, device=device)
+    else:
+        terms = hf_layer_terms(spec, attention, precision, device=device)
     dense = sum(terms.values(), sympy.Integer(0))
     moe = moe_mlp_kept_exprs(spec)
     moe_layer = dense - terms["mlp"] + moe["router"] + moe["experts"] + moe["shared"]

@@ -259,16 +259,28 @@ def _check_modelled(setup: Setup) -> None:
     from vrammath.setup import PRECISION_OF
 
     spec = setup.model
-    if spec.latent is not None or (
-        spec.experts is not None and spec.model_type not in MOE_ACTIVATION_TYPES
-    ):
+    if spec.experts is not None and spec.model_type not in MOE_ACTIVATION_TYPES:
         raise InputError(
             "model",
-            f"training estimates of {spec.model_type} need latent-attention peaks, not modelled "
-            f"yet (estimated MoE: {', '.join(MOE_ACTIVATION_TYPES)}; parameters: "
-            "vrammath.moe.param_summary; states: vrammath.moe.ep_state_bytes; serving: "
-            "vrammath serve)",
+            f"training estimates of {spec.model_type} are not modelled yet (estimated MoE: "
+            f"{', '.join(MOE_ACTIVATION_TYPES)}; parameters: vrammath.moe.param_summary; "
+            "states: vrammath.moe.ep_state_bytes; serving: vrammath serve)",
             got=spec.name,
+        )
+    if spec.latent is not None and setup.zero == 3:
+        raise InputError(
+            "zero",
+            "3: ZeRO-3 of deepseek_v3 is not modelled (FSDP2 units holding its fp32 routers "
+            "beside bf16 weights); use --zero 0, 1 or 2",
+            got=setup.zero,
+        )
+    lat = spec.latent
+    if lat is not None and setup.device == "cpu" and lat.v_dim != lat.nope_dim + lat.rope_dim:
+        raise InputError(
+            "device",
+            "cpu: with v_head_dim != qk_head_dim SDPA runs PyTorch's fp32 math kernel on a CPU, "
+            "whose score-sized transients the phase peaks do not model; use cuda",
+            got=setup.device,
         )
     if spec.experts is None:
         return
@@ -292,8 +304,9 @@ def _check_modelled(setup: Setup) -> None:
     if PRECISION_OF[setup.recipe] != "bf16":
         raise InputError(
             "recipe",
-            "mixture-of-experts training is derived for bf16-pure only (transformers' grouped "
-            "matmul takes bf16 inputs, so fp32 and autocast cannot be counted in fake mode)",
+            "mixture-of-experts training is derived for a bf16 forward only (bf16-pure, "
+            "bf16-mixed, bf16-megatron: transformers' grouped matmul takes bf16 inputs, so fp32, "
+            "fp16 and autocast cannot be counted in fake mode)",
             got=setup.recipe,
         )
     if setup.attention != "sdpa":

@@ -3,7 +3,9 @@
 Explanation
 ===========
 
-The MoE block of Mixtral, Qwen2-MoE and Qwen3-MoE (grouped-matmul experts, bf16) allocates and
+The MoE block of Mixtral, Qwen2-MoE and Qwen3-MoE (grouped-matmul experts, bf16; DeepSeek-V3's,
+which routes differently and runs its shared experts last, is :mod:`vrammath.deepseek_moe_steps`,
+composed here the same way) allocates and
 frees, op by op, the tensors listed here as *steps*: each step is the bytes one op adds to what
 is alive, less what is freed by the time it returns (read off the live tensors listed at every
 op of transformers' modules on small configs, tests/test_moe_training.py; the whole step is
@@ -30,15 +32,18 @@ follows the sizes. With ``N = b s`` tokens and ``S = N k`` routed rows:
   gradients ``2 S I_e`` each, the concatenated ``4 S I_e``, the gathered rows' gradient
   ``2 S h``, the scatter-adds back to the tokens. The expert weights' gradients appear
   on the way (down, then gate/up) and enter as their share of the per-GPU gradient total G;
-  Qwen2-MoE first back-propagates its shared expert's sigmoid gate. The router's backward
-  (tensors of N E and N k elements, after every S-row tensor is freed) is below these and not
-  listed.
+  Qwen2-MoE first back-propagates its shared expert's sigmoid gate, and after the router its
+  shared MLP. The router's own backward (tensors of N E and N k elements, after every S-row
+  tensor is freed) enters by its net effect only.
 
-:func:`moe_phase_candidates` composes them with the rest of the step: the last layer's block in
-forward, the top and the bottom layer's block in backward, with full recomputation the
-recomputation of a layer (which stops once the last tensor backward needs -- the inverse
-permutation -- is saved again). Single-layer models and models whose top or bottom layer is
-dense take only the candidates that exist.
+:func:`moe_phase_candidates` composes them with the rest of the step at the topmost MoE layer
+(forward; backward with the fewest gradients made) and the bottommost one (backward, with the
+most activations freed and gradients made); under full recomputation also the recomputation of
+the layer, which stops once the last tensor backward needs -- the inverse permutation -- is
+saved again. Under expert parallelism (``ep`` > 1) a rank's grouped buffers hold the rows its
+local experts receive from the EP group after the all-to-all: ``S`` when the router balances
+the load (taken here), more on the rank of an overloaded expert. Not here, as for dense layers: a final norm's backward, which can peak with a
+vocabulary small next to ``h`` (none of the presets').
 
 Examples
 ========
@@ -61,6 +66,11 @@ from typing import Literal
 
 import sympy
 
+from vrammath.deepseek_moe_steps import (
+    deepseek_backward_steps,
+    deepseek_forward_steps,
+    deepseek_recompute_steps,
+)
 from vrammath.model import ModelSpec
 from vrammath.params import tensors
 from vrammath.symbols import E, I_e, I_s, P, V, b, h, k_e, s
@@ -78,7 +88,8 @@ def _sizes() -> tuple[sympy.Expr, sympy.Expr]:
 
 
 def _weight_bytes(spec: ModelSpec) -> int:
-    """Bytes of a routing weight: Mixtral's stay fp32, Qwen's are cast to bf16."""
+    """Bytes of a routing weight: Mixtral's stay fp32, Qwen's are cast to bf16 (DeepSeek-V3's
+    block is :mod:`vrammath.deepseek_moe_steps`' own)."""
     return 4 if spec.model_type == "mixtral" else 2
 
 
@@ -352,7 +363,10 @@ def _forward_candidates(
         entry = alive - moe_block_kept(spec) + frames + frame_mask
     else:  # the checkpoints, the residual and the block's input (not saved)
         entry = alive + 4 * n * h + frame_mask
-    steps = moe_forward_steps(spec, saving=recompute == "none")
+    if spec.model_type == "deepseek_v3":
+        steps = deepseek_forward_steps(spec, saving=recompute == "none")
+    else:
+        steps = moe_forward_steps(spec, saving=recompute == "none")
     return [sympy.expand(entry + x) for x in _prefix(steps)]
 
 
@@ -370,6 +384,15 @@ def _backward_candidates(
     whose gradients exist when the block's backward starts."""
     n = b * s
     start = alive + 2 * n * h  # the incoming gradient
+    if spec.model_type == "deepseek_v3":  # its own block: vrammath.deepseek_moe_steps
+        if recompute == "none":
+            return _running(deepseek_backward_steps(spec), start, grads, G)
+        # the first backward op (the shared experts' down projection) unpacks: the
+        # recomputation starts at once and stops after the shared experts' product
+        recomputing = start + attention_side + 2 * n * h + G * grads / P
+        out = [sympy.expand(recomputing + x) for x in _prefix(deepseek_recompute_steps(spec))]
+        steps = deepseek_backward_steps(spec, recomputed=True)
+        return out + _running(steps, start + moe_layer, grads, G)
     if recompute == "none":
         return _running(moe_backward_steps(spec), start, grads, G)
     head_bytes = sum((x for x, _ in _backward_head(spec)), _Z)

@@ -460,6 +460,19 @@ def rank_param_count(spec: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> 
     return math.ceil(max(first, last, middle))
 
 
+def fp32_param_expr(spec: ModelSpec) -> sympy.Expr:
+    """Parameters transformers keeps in fp32 whatever the model's dtype: DeepSeek-V3's routers
+    (``_keep_in_fp32_modules_strict``), ``E h L_e``; 0 for every other model.
+
+    >>> from vrammath.presets import load_model
+    >>> fp32_param_expr(load_model("deepseek-v3")), fp32_param_expr(load_model("mixtral-8x7b"))
+    (E*L_e*h, 0)
+    """
+    if spec.experts is None or not spec.experts.router_fp32:
+        return sympy.Integer(0)
+    return sympy.Add(*(t.count * t.numel for t in tensors(spec) if t.component == "router"))
+
+
 def largest_tensor_numel(spec: ModelSpec, ep: int = 1) -> int:
     """Elements of the largest single parameter tensor (for-loop optimizer temporaries); with
     ``ep`` expert-parallel ranks, a routed-expert tensor holds its rank's ``E / ep`` experts."""
@@ -473,6 +486,7 @@ __all__ = [
     "COMPONENTS",
     "MOE_COMPONENTS",
     "Tensor",
+    "fp32_param_expr",
     "largest_tensor_numel",
     "layer_param_count",
     "layer_param_expr",

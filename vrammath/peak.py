@@ -229,6 +229,10 @@ def hf_phase_peaks(
       (:func:`~vrammath.layer_peaks.hf_top_layer_backward_bytes`), each with the weight
       gradients made by then as their share of G; elsewhere one layer's activations recomputed
       and the softmax backward's score-sized tensors; each + F.
+    * For a mixture-of-experts model (SDPA, bf16) the in-layer candidates of both passes are the
+      MoE blocks' own, op by op, at the topmost and the bottommost MoE layer
+      (:func:`vrammath.moe_peaks.moe_phase_candidates`), beside a dense layer's where the model
+      has dense layers.
     * With ``groups.outputs`` (the loop keeps the model output) every phase adds it
       (:func:`vrammath.terms.kept_outputs`).
     * ``step_peak`` = W + O + G + T. In the first iteration O is created inside this step and is
@@ -268,7 +272,12 @@ def hf_phase_peaks(
         (4 - grad_bytes) * V * h if device == "cpu" and grad_bytes < 4 else sympy.Integer(0)
     )
     top_slides = spec.attention.window_layers > 0 and spec.attention.last_layer_slides
-    layer_terms = hf_layer_terms(spec, attention, precision, device=device, sliding=top_slides)
+    if spec.latent is not None:  # DeepSeek-V3's latent attention in place of LLaMA's
+        from vrammath.latent_attention import mla_layer_terms
+
+        layer_terms = mla_layer_terms(spec, attention, precision, device=device)
+    else:
+        layer_terms = hf_layer_terms(spec, attention, precision, device=device, sliding=top_slides)
     layer_total = sum(layer_terms.values(), sympy.Integer(0))
     recomputed = layer_total if recompute == "full" else sympy.Integer(0)
     score = a * s**2 * b
@@ -328,6 +337,11 @@ def hf_phase_peaks(
         )
         # a dense layer's own candidates stay where the model has dense layers
         dense = len(spec.experts.layers) < spec.layers
+        if dense and spec.latent is not None and recompute == "full":
+            # DeepSeek-V3's dense layers all run before its MoE layers, when the fewest
+            # checkpoints exist: the dense layer's candidate (a whole layer's saved tensors on
+            # top of every checkpoint) would stand above the forward it bounds
+            in_layers = []
         in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
         in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
     phases = {

@@ -31,7 +31,7 @@ import sympy
 
 from vrammath.errors import one_of
 from vrammath.model import ModelSpec
-from vrammath.params import Tensor, size_values, tensors
+from vrammath.params import Tensor, fp32_param_expr, size_values, tensors
 from vrammath.symbols import E, I_e, L_e, P, h
 
 QUANTS = ("nf4", "nf4-nodq", "int8")
@@ -124,7 +124,8 @@ def frozen_base_exprs(
 ) -> dict[str, sympy.Expr]:
     """Bytes of the frozen base: ``weights`` (16-bit parts + codes) and ``quant_constants``.
 
-    Without quantization the whole base sits in its dtype: ``base_bytes * P``. ``experts``
+    Without quantization the whole base sits in its dtype: ``base_bytes * P``, but for
+    parameters transformers keeps in fp32 (DeepSeek-V3's routers). ``experts``
     quantizes a mixture-of-experts model's routed experts too (see :func:`quantized_tensors`).
 
     >>> from vrammath.presets import load_model
@@ -137,8 +138,10 @@ def frozen_base_exprs(
     >>> [int(v.subs(state_values(spec))) for v in e.values()]
     [3762823168, 102769536]
     """
+    # DeepSeek-V3's routers stay fp32 in a 16-bit (and in a quantized) base: custom modules
+    fp32 = (4 - base_bytes) * fp32_param_expr(spec) if 0 < base_bytes < 4 else sympy.Integer(0)
     if quant is None:
-        return {"weights": base_bytes * P, "quant_constants": sympy.Integer(0)}
+        return {"weights": base_bytes * P + fp32, "quant_constants": sympy.Integer(0)}
     _check_quant(quant)
     codes = sympy.Integer(0)
     consts = sympy.Integer(0)
@@ -152,7 +155,9 @@ def frozen_base_exprs(
         consts += t.count * k
         numel += t.count * t.numel
     return {
-        "weights": base_bytes * P + sympy.factor_terms(sympy.expand(codes - base_bytes * numel)),
+        "weights": base_bytes * P
+        + fp32
+        + sympy.factor_terms(sympy.expand(codes - base_bytes * numel)),
         "quant_constants": consts,
     }
 

@@ -38,7 +38,14 @@ import sympy
 
 from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
-from vrammath.params import Tensor, largest_tensor_numel, param_count, size_values, tensors
+from vrammath.params import (
+    Tensor,
+    fp32_param_expr,
+    largest_tensor_numel,
+    param_count,
+    size_values,
+    tensors,
+)
 from vrammath.symbols import P
 
 
@@ -232,6 +239,15 @@ def model_state_exprs(
         out["optimizer"] = _adam8bit_expr(spec)
     else:
         out["optimizer"] = _adafactor_expr(spec, rec.state, adafactor_momentum)
+    fp32 = fp32_param_expr(spec)
+    if fp32 != 0:  # kept in fp32 by transformers: their states are 4 bytes whatever the recipe
+        widths = {"weights": rec.weights, "gradients": rec.gradients}
+        if optimizer in _STATE_TENSORS:
+            widths["optimizer"] = rec.state
+        for key, width in widths.items():
+            if 0 < width < 4:
+                per_param = _STATE_TENSORS[optimizer] if key == "optimizer" else 1
+                out[key] = out[key] + per_param * (4 - width) * fp32
     return out
 
 
@@ -303,13 +319,17 @@ def optimizer_step_temp_expr(
     4*P
     """
     rec = recipe(recipe_name)
-    return step_temporaries_expr(
+    temp = step_temporaries_expr(
         optimizer,
         implementation,
         rec.state,
         params=P,
         largest=sympy.Integer(largest_tensor_numel(spec, ep)),
     )
+    if implementation == "foreach" and temp != 0 and rec.state < 4:
+        # the fp32 parameters' square roots are fp32 (foreach groups tensors by dtype)
+        temp += (4 - rec.state) * fp32_param_expr(spec)
+    return temp
 
 
 def optimizer_step_temp_bytes(

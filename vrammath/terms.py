@@ -82,6 +82,14 @@ def _weights(ctx: Context) -> sympy.Expr:
     return ctx.frozen_base["weights"] if ctx.lora else ctx.model_states["weights"]
 
 
+def _groups_note(ctx: Context) -> str:
+    """Which ranks a mixture-of-experts state is spread over (see ``shard_group``)."""
+    s = ctx.setup
+    if s.model.experts is None:
+        return ""
+    return f"groups: dense DP {s.gpus}; routed experts EP {s.ep} x EDP {s.gpus // s.ep}"
+
+
 def _weights_label(ctx: Context) -> str:
     quant = ctx.setup.quant
     if quant is not None:
@@ -321,14 +329,14 @@ EDP: ShardGroup = "dp+edp"
 #: Every memory term of a training setup, in the order an estimate lists them.
 TERMS: tuple[Term, ...] = (
     Term("weights", _weights_label, "gpu", _weights, "weights", "resident", 3, "params",
-         lambda ctx: "no gradients, master copy or optimizer states" if ctx.lora else "",
-         shard_group=EDP),
+         lambda ctx: "no gradients, master copy or optimizer states" if ctx.lora
+         else _groups_note(ctx), shard_group=EDP),
     Term("gradients", "gradients", "gpu", _state("gradients"), "gradients", "backward+step", 2,
-         "optimizer", shard_group=EDP),
+         "optimizer", _groups_note, shard_group=EDP),
     Term("master", "master weights (fp32)", "gpu", _state("master"), "weights", "resident", 1,
-         "optimizer", shard_group=EDP),
+         "optimizer", _groups_note, shard_group=EDP),
     Term("optimizer", "optimizer states", "gpu", _state("optimizer"), "optimizer", "resident", 1,
-         "optimizer", shard_group=EDP),
+         "optimizer", _groups_note, shard_group=EDP),
     Term("cpu_master", "master weights (fp32) (offloaded)", "cpu",
          _offloaded_state("master"), "weights", "resident", 1, "optimizer", shard_group=EDP),
     Term("cpu_optimizer", "optimizer states (offloaded)", "cpu",

@@ -1,4 +1,5 @@
-"""transformers configs and model classes of the mixture-of-experts decoders (Mixtral, Qwen-MoE).
+"""transformers configs and model classes of the mixture-of-experts decoders (Mixtral, Qwen-MoE,
+DeepSeek-V3).
 
 :mod:`vrammath.measure.build` asks here for the model types whose MoE training is estimated
 (:data:`vrammath.activations.MOE_ACTIVATION_TYPES`). The experts run transformers' grouped
@@ -12,7 +13,7 @@ from typing import Any
 
 from vrammath.model import ModelSpec
 
-MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe")
+MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 """The model types this module builds."""
 
 
@@ -23,6 +24,8 @@ def moe_config(spec: ModelSpec, layers: int) -> Any:
 
     ex = spec.experts
     assert ex is not None
+    if spec.latent is not None:
+        return _deepseek_config(spec, layers)
     common: dict[str, Any] = {
         "hidden_size": spec.hidden,
         "num_hidden_layers": layers,
@@ -58,6 +61,44 @@ def moe_config(spec: ModelSpec, layers: int) -> Any:
     return transformers.Qwen3MoeConfig(**qwen, attention_bias=spec.qkv_bias)
 
 
+def _deepseek_config(spec: ModelSpec, layers: int) -> Any:
+    """DeepSeek-V3: latent attention, the first ``L - L_e`` layers dense, shared experts as
+    ``n_shared_experts`` multiples of the routed experts' size, group-limited routing."""
+    import transformers
+
+    ex, lat = spec.experts, spec.latent
+    assert ex is not None
+    assert lat is not None
+    return transformers.DeepseekV3Config(
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        vocab_size=spec.vocab,
+        tie_word_embeddings=spec.tied_embeddings,
+        max_position_embeddings=spec.max_positions,
+        q_lora_rank=lat.q_rank,
+        kv_lora_rank=lat.kv_rank,
+        qk_nope_head_dim=lat.nope_dim,
+        qk_rope_head_dim=lat.rope_dim,
+        v_head_dim=lat.v_dim,
+        n_routed_experts=ex.count,
+        num_experts_per_tok=ex.top_k,
+        moe_intermediate_size=ex.intermediate,
+        n_shared_experts=ex.shared_intermediate // ex.intermediate,
+        n_group=ex.groups,
+        topk_group=ex.groups_chosen,
+        norm_topk_prob=ex.norm_topk,
+        first_k_dense_replace=min(ex.layers, default=layers),
+        output_router_logits=False,
+        # the defaults' token ids may lie outside a small test vocabulary
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+
+
 def moe_class(spec: ModelSpec) -> Any:
     """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
     import transformers
@@ -66,6 +107,7 @@ def moe_class(spec: ModelSpec) -> Any:
         "mixtral": transformers.MixtralForCausalLM,
         "qwen2_moe": transformers.Qwen2MoeForCausalLM,
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+        "deepseek_v3": transformers.DeepseekV3ForCausalLM,
     }[spec.model_type]
 
 

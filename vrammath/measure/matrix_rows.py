@@ -2,10 +2,12 @@
 and one dict per row (model, batch, sequence, precision, attention, recomputation, ZeRO-3 ranks).
 
 The mixture-of-experts rows (small Mixtral, Qwen2-MoE with a shared expert and a dense layer,
-Qwen3-MoE with q/k norms) run transformers' grouped-matmul experts, which take bf16 inputs
-only: their fp32 and autocast memory cannot be counted in fake mode, so every MoE row is bf16.
+Qwen3-MoE with q/k norms; Mixtral-8x7B and Qwen3-30B-A3B themselves) run transformers'
+grouped-matmul experts, which take bf16 inputs only: their fp32 and autocast memory cannot be
+counted in fake mode, so every MoE row is bf16. The DeepSeek-V3 rows add latent attention, a
+dense first layer, group-limited sigmoid routing, shared experts and fp32 routers.
 
->>> sorted({r["model"] for r in ROWS if "moe" in r["model"] or "mixtral" in r["model"]})
+>>> sorted({r["model"] for r in ROWS if r["model"].startswith(("small-mixtral", "small-qwen"))})
 ['small-mixtral', 'small-mixtral-v128', 'small-qwen2-moe', 'small-qwen3-moe']
 """
 
@@ -96,6 +98,34 @@ SMALL_QWEN3_MOE = {
 }
 """Qwen3-MoE: 16 experts, top-4 with normalised weights, q/k norms, head_dim 24 (a d != h)."""
 
+SMALL_DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 96,
+    "intermediate_size": 200,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "q_lora_rank": 40,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 3,
+    "n_group": 4,
+    "topk_group": 2,
+    "moe_intermediate_size": 48,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+}
+"""DeepSeek-V3: latent attention (low-rank q and kv, v_head_dim = qk_head_dim so SDPA runs its
+flash kernel on a CPU too), one dense layer, one shared expert, 4 groups of 2 experts with 2
+chosen, top-3, fp32 routers."""
+
+SMALL_DEEPSEEK_V3_V128 = {**SMALL_DEEPSEEK_V3, "vocab_size": 128}
+"""The same with a small vocabulary: the MoE blocks, not the loss, set the peaks."""
+
 CONFIGS: dict[str, Any] = {
     "small-gqa": SMALL_GQA,
     "small-tied-mqa": SMALL_TIED,
@@ -104,6 +134,8 @@ CONFIGS: dict[str, Any] = {
     "small-mixtral-v128": SMALL_MIXTRAL_V128,
     "small-qwen2-moe": SMALL_QWEN2_MOE,
     "small-qwen3-moe": SMALL_QWEN3_MOE,
+    "small-deepseek-v3": SMALL_DEEPSEEK_V3,
+    "small-deepseek-v3-v128": SMALL_DEEPSEEK_V3_V128,
 }
 
 
@@ -171,6 +203,12 @@ ROWS: list[dict[str, Any]] = [
     _row("small-qwen3-moe", 2, 256, "bf16", "sdpa", quick=True),
     _row("small-qwen3-moe", 2, 256, "bf16", "sdpa", "full", quick=True),
     _row("small-qwen3-moe", 4, 1024, "bf16", "sdpa", zero3=8, quick=True),
+    _row("mixtral-8x7b", 1, 1024, "bf16", "sdpa", "full"),
+    _row("qwen3-30b-a3b", 1, 2048, "bf16", "sdpa", "full"),
+    _row("small-deepseek-v3", 2, 512, "bf16", "sdpa", quick=True),
+    _row("small-deepseek-v3", 2, 256, "bf16", "sdpa", "full", quick=True),
+    _row("small-deepseek-v3-v128", 2, 256, "bf16", "sdpa", quick=True),
+    _row("small-deepseek-v3-v128", 2, 256, "bf16", "sdpa", "full", quick=True),
 ]
 
 

@@ -109,20 +109,32 @@ def _deepseek_v3(k: Keys) -> Parts:
         "moe_layer_freq", 1, "must be 1 (transformers makes every layer after the dense ones MoE)"
     )
     heads = k.size("num_attention_heads")
-    if k.size("num_key_value_heads", heads) != heads:
+    # DeepseekV3Config defaults to 128 KV heads, not to num_attention_heads
+    if k.size("num_key_value_heads", 128) != heads:
         raise InputError(
             "num_key_value_heads",
             f"must equal num_attention_heads={heads} (latent attention expands K/V per head)",
-            got=k.raw("num_key_value_heads"),
+            got=k.raw("num_key_value_heads", 128),
         )
     rope = k.size("qk_rope_head_dim")
     if rope % 2:
         raise InputError("qk_rope_head_dim", "must be even (RoPE rotates pairs)", got=rope)
+    nope = k.size("qk_nope_head_dim")
+    # DeepseekV3Config derives both; a config that states them otherwise contradicts itself
+    for key, value, rule in (
+        ("qk_head_dim", nope + rope, "qk_nope_head_dim + qk_rope_head_dim"),
+        ("head_dim", rope, "qk_rope_head_dim"),
+    ):
+        if k.has(key) and k.raw(key) != value:
+            raise InputError(
+                key, f"must equal {rule} = {value} (DeepseekV3Config sets it so)", got=k.raw(key)
+            )
+    # hidden_size need not be a multiple of the heads: the head dimension of q and k is
+    # nope + rope (values have v_head_dim, LatentAttention), read in place of head_dim
+    shaped = Keys({**k.cfg, "head_dim": nope + rope}, k.table)
     layers, embeddings, attention, mlp, norms = _decoder_parts(
-        k, qkv_bias=False, o_bias=False, mlp_bias=False, window=None, window_layers=0
+        shaped, qkv_bias=False, o_bias=False, mlp_bias=False, window=None, window_layers=0
     )
-    # the head dimension of q and k; values have v_head_dim (LatentAttention)
-    attention = replace(attention, head_dim=k.size("qk_nope_head_dim") + rope)
     return layers, embeddings, attention, mlp, norms
 
 
@@ -135,12 +147,19 @@ def _deepseek_v3_extra(k: Keys) -> Extra:
         if value != only:
             raise one_of(key, value, [only])
     count, top_k = _routing(k, "n_routed_experts")
-    groups = k.size("n_group", 1)
+    groups = k.size("n_group", 8)  # transformers' defaults: 8 groups, 4 chosen
     if count % groups:
         raise InputError(
             "n_group", f"must divide n_routed_experts={count} ({divisors_text(count)})", got=groups
         )
-    chosen = k.size("topk_group", 1)
+    if count // groups < 2:
+        raise InputError(
+            "n_group",
+            f"must leave at least 2 of n_routed_experts={count} per group (transformers scores a "
+            "group by its top two)",
+            got=groups,
+        )
+    chosen = k.size("topk_group", 4)
     if chosen > groups or top_k > chosen * (count // groups):
         raise InputError(
             "topk_group",
@@ -237,6 +256,8 @@ DEEPSEEK_V3 = Reader(
         **_DECODER_KEYS,
         **_MOE_ROUTING_KEYS,
         "attention_bias": "(false only)",
+        "head_dim": "(qk_rope_head_dim only: transformers sets it)",
+        "qk_head_dim": "(qk_nope_head_dim + qk_rope_head_dim only: transformers sets it)",
         "q_lora_rank": "latent.q_rank",
         "kv_lora_rank": "latent.kv_rank",
         "qk_nope_head_dim": "latent.nope_dim",
