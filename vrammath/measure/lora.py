@@ -27,7 +27,6 @@ from typing import Any
 
 from vrammath.adapted import adapted_linears, lora_targets
 from vrammath.measure.build import as_spec, build_model, real_training_masks
-from vrammath.measure.build_moe import MODEL_TYPES as MOE_TYPES
 from vrammath.model import ModelSpec
 
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
@@ -84,27 +83,6 @@ def _module_to_in_place() -> Any:
         torch.nn.Module.to = original  # type: ignore[method-assign]
 
 
-def _moe_model(model: object, precision: str, layers: int | None) -> Any:
-    """A mixture-of-experts model ``build_model`` does not write a config for (DeepSeek-V3),
-    straight from its config dict (grouped-matmul experts, SDPA)."""
-    import transformers
-
-    from vrammath.errors import InputError
-    from vrammath.measure.build import param_dtype
-
-    if not isinstance(model, Mapping):
-        raise InputError("model", "a mixture-of-experts model is measured from its config dict")
-    cfg = {k: v for k, v in model.items() if k not in ("model_type", "auto_map", "architectures")}
-    if layers is not None:
-        cfg["num_hidden_layers"] = layers
-    hf = transformers.AutoConfig.for_model(str(model["model_type"]), **cfg)
-    hf._attn_implementation = "sdpa"
-    hf._experts_implementation = "grouped_mm"
-    net = transformers.AutoModelForCausalLM.from_config(hf, dtype=param_dtype(precision))
-    net.train()
-    return net
-
-
 def peft_targets(spec: ModelSpec, targets: str | Sequence[str]) -> dict[str, list[str]]:
     """``target_modules`` / ``target_parameters`` that make peft adapt what ``targets`` names.
 
@@ -153,10 +131,7 @@ def measure_lora_step(
     started = time.perf_counter()
     with real_training_masks(), FakeTensorMode():
         torch.manual_seed(0)
-        if spec.experts is not None and spec.model_type not in MOE_TYPES:
-            net = _moe_model(model, precision, layers)
-        else:
-            net = build_model(spec, precision=precision, attention="sdpa", layers=layers)
+        net = build_model(spec, precision=precision, attention="sdpa", layers=layers)
         for param in net.parameters():
             param.requires_grad_(False)
         if adapters:
