@@ -138,9 +138,14 @@ def measure(session: nox.Session) -> None:
     args = [a for a in session.posargs if a != "--regenerate"]
     session.run("pytest", "-m", "measure or gpu", "tests/measure", *args)
     matrix = ["python", "-m", "vrammath.measure.matrix"]
+    archs = ["python", "-m", "vrammath.measure.archs"]
     if regenerate:
         session.run(*matrix, "--out", "validation/matrix.json")
+        session.run(*archs, "--out", "validation/archs.json")
     else:
+        # every architecture's parameters, activations and phase peaks (validation/archs.json)
+        fresh_archs = Path(session.create_tmp()).resolve() / "archs.json"
+        session.run(*archs, "--out", str(fresh_archs), "--diff", "validation/archs.json")
         fresh = Path(session.create_tmp()).resolve() / "matrix.json"
         session.run(*matrix, "--out", str(fresh), "--diff", "validation/matrix.json")
         # the real engines' quick rows (FSDP2, ZeroRedundancyOptimizer, fp32-master) against

@@ -332,3 +332,14 @@ def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
     phases = formula(capsys, "phases", "--model", "llama-7b", "--stage", "3")
     assert set(phases) == {"forward_peak", "backward_peak", "step_peak"}
     assert "N_d" in phases["step_peak"]
+
+
+def test_default_lora_targets_missing_names_the_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    """GPT-2 fuses q, k, v into c_attn: the default q,v is refused with what it has instead."""
+    code, _, err = run(capsys, "estimate", "gpt2", "--lora-rank", "8")
+    assert code == 2
+    assert err.strip().endswith(
+        "q,v (the default) are not projections of gpt2; pass --lora-targets with one of "
+        "qkv, o, up, down, c_attn, c_proj, c_fc, all-linear, attention, mlp (got 'q,v')"
+    )
+    assert run(capsys, "estimate", "gpt2", "--lora-rank", "8", "--lora-targets", "c_attn")[0] == 0

@@ -12,7 +12,7 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vrammath.adapted import LORA_TARGETS, lora_targets
+from vrammath.adapted import LORA_TARGETS, adapted_linears, allowed_targets, lora_targets
 from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import estimate
@@ -68,7 +68,8 @@ def by_hand(
 def test_llama7b_trainable(rank: int, targets: str, expected: int) -> None:
     spec = load_model("llama-7b")
     assert lora_param_count(spec, rank, targets) == expected
-    assert expected == by_hand(4096, 11008, 32, 32, 32, 128, rank, lora_targets(targets))
+    names = LORA_TARGETS if targets == "all-linear" else lora_targets(targets)
+    assert expected == by_hand(4096, 11008, 32, 32, 32, 128, rank, names)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +92,7 @@ def test_gqa_trainable(model: str, rank: int, targets: str, expected: int) -> No
         spec.kv_heads,
         spec.head_dim,
         rank,
-        lora_targets(targets),
+        LORA_TARGETS if targets == "all-linear" else lora_targets(targets),
     )
 
 
@@ -109,13 +110,72 @@ def test_count_is_linear_and_additive(model: str, rank: int, targets: set[str]) 
 
 def test_targets_parse_and_refuse() -> None:
     assert lora_targets(["v_proj", "q"]) == ("q", "v")
-    assert lora_targets("attention,mlp") == LORA_TARGETS
+    assert lora_targets("mlp,attention") == ("attention", "mlp")
+    llama = load_model("llama-7b")
+    assert [m.target for m in adapted_linears(llama, "attention,mlp")] == list(LORA_TARGETS)
     with pytest.raises(InputError, match="^lora_targets: must be one of"):
         lora_targets("q,zz")
-    with pytest.raises(InputError, match="^lora_targets: must be one of q, k, v, o, up, down"):
-        lora_param_count(load_model("gpt2"), 4, "gate")
+    gpt2_allowed = "qkv, o, up, down, c_attn, c_proj, c_fc, all-linear, attention, mlp for gpt2"
+    for missing in ("gate", "q"):  # GPT-2 fuses q, k, v in c_attn and has no gate
+        with pytest.raises(InputError) as info:
+            lora_param_count(load_model("gpt2"), 4, missing)
+        assert str(info.value) == f"lora_targets: must be one of {gpt2_allowed} (got '{missing}')"
     with pytest.raises(InputError, match="^lora_rank: must be a positive integer"):
-        lora_param_count(load_model("gpt2"), 0, "q")
+        lora_param_count(load_model("gpt2"), 0, "qkv")
+
+
+@pytest.mark.parametrize(
+    ("model", "targets", "modules"),
+    [
+        ("gpt2", "all-linear", ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]),
+        ("gpt2", "c_proj", ["attn.c_proj", "mlp.c_proj"]),  # peft matches both
+        ("gpt2", "qkv,down", ["attn.c_attn", "mlp.c_proj"]),
+        (
+            "gpt-neox-20b",
+            "mlp,query_key_value",
+            ["attention.query_key_value", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"],
+        ),
+        ("gpt-neox-20b", "o", ["attention.dense"]),
+        (
+            "phi-3-mini",
+            "all-linear",
+            [
+                "self_attn.qkv_proj",
+                "self_attn.o_proj",
+                "mlp.gate_up_proj",
+                "mlp.down_proj",
+            ],
+        ),
+        ("phi-3-mini", "gate_up_proj", ["mlp.gate_up_proj"]),
+        ("starcoder2-15b", "c_proj,q", ["self_attn.q_proj", "mlp.c_proj"]),
+        ("starcoder2-15b", "mlp", ["mlp.c_fc", "mlp.c_proj"]),
+    ],
+)
+def test_targets_per_architecture(model: str, targets: str, modules: list[str]) -> None:
+    assert [m.module for m in adapted_linears(load_model(model), targets)] == modules
+
+
+@pytest.mark.parametrize(
+    ("model", "missing"),
+    [
+        ("phi-3-mini", "q"),
+        ("phi-3-mini", "up"),
+        ("gpt-neox-20b", "k"),
+        ("starcoder2-15b", "gate"),
+        ("llama-7b", "qkv"),
+        ("llama-7b", "c_attn"),
+        ("starcoder2-15b", "gate_up"),
+    ],
+)
+def test_targets_an_architecture_lacks_are_refused(model: str, missing: str) -> None:
+    spec = load_model(model)
+    with pytest.raises(InputError) as info:
+        adapted_linears(spec, missing)
+    allowed = ", ".join(allowed_targets(spec))
+    assert str(info.value) == (
+        f"lora_targets: must be one of {allowed} for {spec.model_type} (got '{missing}')"
+    )
+    assert missing not in allowed_targets(spec)
 
 
 def test_adapter_states_fp32_and_8bit() -> None:
@@ -127,7 +187,7 @@ def test_adapter_states_fp32_and_8bit() -> None:
     eight = lora_state_exprs(spec, 16, "q,v", optimizer="adam8bit")["optimizer"]
     # A (16 x 4096) and B (4096 x 16) have 65536 elements: 8-bit, one fp32 absmax per 256.
     assert int(eight.subs(values)) == 2 * n + 2 * 4 * n // 256
-    small = lora_state_exprs(load_model("gpt2"), 2, "q", optimizer="adam8bit")["optimizer"]
+    small = lora_state_exprs(load_model("gpt2"), 2, "o", optimizer="adam8bit")["optimizer"]
     assert int(small.subs({**size_values(load_model("gpt2")), r: 2})) == 12 * 8 * 2 * 2 * 768
 
 
@@ -172,7 +232,10 @@ def test_qlora_65b_claims() -> None:
 
 def test_lora_gpt3_claims() -> None:
     full6, full8, lora = lora_gpt3_claims()
-    assert lora_param_count(load_model("gpt-175b"), 4, "q,v") == 18_874_368  # 37.7 MB in fp16
+    # the paper's W_q and W_v, h x h each: 2 x 2 x L x r x h (37.7 MB in fp16)
+    assert lora.parts["adapters: weights, gradients, adam m, v (fp16)"] == 8 * 18_874_368
+    # transformers' GPT-2 fuses them in c_attn: peft adapts all of it, h -> 3h
+    assert lora_param_count(load_model("gpt-175b"), 4, "c_attn") == 96 * 4 * (12288 + 3 * 12288)
     assert abs(lora.relative_error) < 0.005  # 350 GB
     assert full6.bytes < 1.2e12 < full8.bytes  # 1.2 TB lies between the two readings
     assert math.isclose(lora.bytes / full6.bytes, 1 / 3, rel_tol=1e-3)  # "up to 2/3" saved

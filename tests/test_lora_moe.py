@@ -67,10 +67,10 @@ def test_deepseek_mla_targets_and_counts() -> None:
 @pytest.mark.parametrize(
     ("model", "targets", "message"),
     [
-        ("llama-7b", "experts", "must be one of q, k, v, o, gate, up, down"),
+        ("llama-7b", "experts", "must be one of q, k, v, o, gate, up, down, all-linear"),
         ("deepseek-v3", "k", "must be one of q_a, q_b, kv_a, kv_b, o, gate, up, down, router"),
         ("mixtral-8x7b", "up,down", "gate and up must be named together on mixtral"),
-        ("mixtral-8x7b", "shared_gate", "must be one of gate, up, down, router, experts"),
+        ("mixtral-8x7b", "shared_gate", "gate, up, down, router, experts, all-linear, .* mixtral"),
         ("qwen3-30b-a3b", "gate,up,experts", "experts and gate/up/down both adapt"),
     ],
 )

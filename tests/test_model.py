@@ -6,12 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
+import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vrammath.activations import hf_activation_terms
 from vrammath.errors import InputError
+from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
 from vrammath.model import MLP, Attention, Embeddings, Norms, from_hf_config
 from vrammath.presets import load_config_file, load_model, model_names, parse_config_text
+from vrammath.symbols import a, b, h, s
 
 BASE = {
     "model_type": "llama",
@@ -285,21 +289,6 @@ def test_flat_views_equal_the_parts(
     ("cfg", "message"),
     [
         (
-            {**BASE, "attention_dropout": 0.1},
-            "attention_dropout: must be 0.0 (dropout on attention probabilities is not modelled) "
-            "(got 0.1)",
-        ),
-        (
-            {**BASE, "model_type": "mistral", "attention_dropout": 0.1},
-            "attention_dropout: must be 0.0 (dropout on attention probabilities is not modelled) "
-            "(got 0.1)",
-        ),
-        (
-            {**BASE, "model_type": "qwen2", "attention_dropout": 0.5},
-            "attention_dropout: must be 0.0 (dropout on attention probabilities is not modelled) "
-            "(got 0.5)",
-        ),
-        (
             {**BASE, "attention_dropout": 1.5},
             "attention_dropout: must be a number in [0, 1) (got 1.5)",
         ),
@@ -386,14 +375,36 @@ def test_keys_that_change_memory_are_refused(cfg: dict[str, object], message: st
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize("key", ["resid_pdrop", "embd_pdrop", "attn_pdrop"])
-def test_gpt2_dropout_off_is_refused(key: str) -> None:
-    with pytest.raises(InputError) as info:
-        from_hf_config({**GPT2_BASE, key: 0.0})
-    assert str(info.value) == (
-        f"{key}: must be > 0 (GPT-2's activation formula is derived with dropout on; "
-        "0 is not modelled) (got 0.0)"
-    )
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2"])
+def test_attention_dropout_is_read(model_type: str) -> None:
+    spec = from_hf_config({**BASE, "model_type": model_type, "attention_dropout": 0.25})
+    assert spec.attention.dropout == 0.25
+    plain = from_hf_config({**BASE, "model_type": model_type})
+    extra = hf_layer_bytes(spec, "eager", "bf16") - hf_layer_bytes(plain, "eager", "bf16")
+    # CUDA: a bool mask more; the dropped-out 16-bit probabilities replace the 16-bit cast
+    assert sympy.expand(extra - a * s**2 * b) == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "group", "kept"),
+    [
+        ("attn_pdrop", "scores", 3 * a * s**2 * b),  # CUDA: bool mask + dropped 16-bit copy
+        ("resid_pdrop", "mlp", s * b * h),  # one bool mask after each c_proj
+        ("resid_pdrop", "output", s * b * h),
+    ],
+)
+def test_gpt2_each_dropout_is_read(key: str, group: str, kept: sympy.Expr) -> None:
+    on, off = from_hf_config(GPT2_BASE), from_hf_config({**GPT2_BASE, key: 0.0})
+    assert (off.attention.dropout if key == "attn_pdrop" else off.mlp.dropout) == 0.0
+    diff = hf_layer_terms(on, "eager", "bf16")[group] - hf_layer_terms(off, "eager", "bf16")[group]
+    assert sympy.expand(diff - kept) == 0
+
+
+def test_gpt2_embedding_dropout_is_read() -> None:
+    off = from_hf_config({**GPT2_BASE, "embd_pdrop": 0.0})
+    assert off.embeddings.dropout == 0.0
+    assert "embedding_dropout" not in hf_activation_terms(off)
+    assert hf_activation_terms(from_hf_config(GPT2_BASE))["embedding_dropout"] == s * b * h
 
 
 def test_kv_heads_message_is_bounded_and_fast() -> None:

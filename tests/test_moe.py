@@ -236,3 +236,16 @@ def test_moe_activations_compose_and_refuse_what_is_not_derived() -> None:
     assert sympy.expand(total.subs(L_e, L) - L * layer - (rest - L * sum(dense.values()))) == 0
     with pytest.raises(InputError, match=r"^precision: MoE activations are derived"):
         hf_activation_bytes(spec, "sdpa", "fp32")
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_moe_attention_dropout_is_refused(name: str) -> None:
+    """The MoE layers are measured without attention dropout: refused, not silently ignored."""
+    cfg = {**vm.presets.raw_config(name), "attention_dropout": 0.1}
+    with pytest.raises(InputError) as info:
+        from_hf_config(cfg)
+    model_type = cfg["model_type"]
+    assert str(info.value) == (
+        f"attention_dropout: must be 0.0 (dropout in {model_type} attention is not modelled) "
+        "(got 0.1)"
+    )

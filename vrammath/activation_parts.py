@@ -22,7 +22,7 @@ import sympy
 
 from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
-from vrammath.symbols import b, h, s
+from vrammath.symbols import a, b, d, h, s
 
 Parallel = Literal["none", "tp", "tp_sp"]
 Recompute = Literal["none", "selective", "full"]
@@ -80,6 +80,19 @@ def _dropout_mask_bytes(c: int, device: str) -> int:
     """Bytes per element of a dropout mask: CUDA's fused ``native_dropout`` keeps a bool mask;
     on a CPU dropout multiplies by a noise tensor of the input's dtype (c bytes)."""
     return c if device == "cpu" else 1
+
+
+def _math_kernel_dropout_kept() -> tuple[sympy.Expr, sympy.Expr]:
+    """(Q/K/V, scores) bytes SDPA keeps on a CPU with dropout on the probabilities.
+
+    PyTorch's CPU flash kernel has no dropout, so SDPA runs its math kernel: it upcasts 16-bit
+    Q, K and V to fp32, scales Q and K (new tensors), repeats K and V to a heads (GQA), and
+    keeps the scaled Q and K and the repeated V (12 a d bytes per token), the fp32 softmax
+    output, dropout's fp32 noise and the dropped-out fp32 probabilities (12 a s^2 b); it keeps
+    no log-sum-exp (measured on a CPU, fp32, bf16 and autocast alike). On CUDA the flash and
+    memory-efficient kernels apply dropout inside and keep only the log-sum-exp.
+    """
+    return 12 * s * b * a * d, 12 * a * s**2 * b
 
 
 def _norm_kept(spec: ModelSpec, precision: str, device: str) -> sympy.Expr:

@@ -38,7 +38,6 @@ from vrammath.activation_parts import (
 from vrammath.errors import InputError
 from vrammath.latent_attention import mla_rope_bytes
 from vrammath.layer_terms import (
-    _check_dropout,
     hf_layer_bytes,
     hf_layer_terms,
     window_reached,
@@ -170,9 +169,6 @@ def hf_activation_terms(
     ['final_norm', 'head_input', 'head_weight_cast', 'layers', 'logits_loss', 'rope']
     """
     _check("recompute", recompute, HF_RECOMPUTE)
-    if recompute == "full" and not spec.attention.fused_qkv:
-        # the attention kernel's tensors are recomputed: only autocast is refused with dropout
-        _check_dropout(spec, "eager", precision, device)
     c, autocast = _precision(precision)
     res = _residual_bytes(precision)
     sb = s * b
@@ -199,7 +195,8 @@ def hf_activation_terms(
             # Gemma-3: a second (cos, sin) pair with the sliding layers' own base
             terms["rope"] *= 2
     if spec.embeddings.dropout > 0:
-        terms["embedding_dropout"] = _dropout_mask_bytes(c, device) * sb * h
+        # the mask has the embeddings' dtype: the parameters' (fp32 under autocast)
+        terms["embedding_dropout"] = _dropout_mask_bytes(res, device) * sb * h
     if learned:
         terms["positions"] = 8 * s  # int64 position ids kept by the position embedding
     terms["final_norm"] = (

@@ -25,15 +25,15 @@ from dataclasses import dataclass
 
 import sympy
 
+from vrammath.adapted import AdaptedLinear
 from vrammath.lora import (
     lora_activation_layer_expr,
-    lora_param_count,
     lora_state_exprs,
     lora_values,
 )
 from vrammath.params import param_count
 from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
-from vrammath.symbols import b, s
+from vrammath.symbols import L, b, h, s
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ def lora_gpt3_claims() -> tuple[Claim, Claim, Claim]:
 
     spec = load_model("gpt-175b")
     psi = param_count(spec)
-    targets = ("q", "v")
-    n_lora = lora_param_count(spec, 4, targets)
+    # the paper's own GPT-3 has separate W_q and W_v (h x h), not transformers' fused c_attn
+    paper = [AdaptedLinear(t, f"W_{t}", h, h, L) for t in ("q", "v")]
+    n_lora = int(sum(m.count * m.params for m in paper).subs(lora_values(spec, 4)))
     source = "Hu et al. 2021 (arXiv:2106.09685), section 4.2"
     common = (
         "GPT-3 175B as in conf/models/gpt-175b.json (h 12288, L 96, v 51200)",

@@ -25,10 +25,10 @@ from vrammath.activation_parts import (
     Precision,
     _check,
     _dropout_mask_bytes,
+    _math_kernel_dropout_kept,
     _norm_kept,
     _precision,
 )
-from vrammath.errors import InputError
 from vrammath.model import ModelSpec
 from vrammath.symbols import I, a, b, h, s
 
@@ -64,11 +64,17 @@ def gpt2_layer_terms(
     * ``norms`` -- each LayerNorm keeps its input (c sbh), its mean and inverse std (S bs each).
     * ``inputs`` -- the inputs of ``c_attn`` and ``c_fc`` (the norms' outputs, c sbh each).
     * ``qkv`` -- Q, K, V: 3c sbh (contiguous copies ``matmul`` makes of the head views).
-    * ``scores`` -- eager: the softmax output, the dropout mask and the dropped-out probabilities,
-      (2c + M) as^2b; SDPA (flash, CUDA): the log-sum-exp, 4asb.
-    * ``output`` -- the merged heads (``c_proj``'s input, c sbh) and the residual dropout mask.
-    * ``mlp`` -- the GeLU's kept tensors (:data:`GELU_KEPT`), its output (``c_proj``'s input) and
-      the dropout mask: (k + 1) c sbI + M sbh.
+    * ``scores`` -- eager: the softmax output (c as^2b) and, with ``attn_pdrop`` > 0, the
+      dropout mask and the dropped-out probabilities, (2c + M) as^2b; SDPA (flash, CUDA): the
+      log-sum-exp, 4asb; SDPA on a CPU with ``attn_pdrop`` > 0 runs the math kernel
+      (:func:`~vrammath.activation_parts._math_kernel_dropout_kept`: fp32 Q, K, V and 12 as^2b).
+    * ``output`` -- the merged heads (``c_proj``'s input, c sbh) and, with ``resid_pdrop`` > 0,
+      the residual dropout mask.
+    * ``mlp`` -- the GeLU's kept tensors (:data:`GELU_KEPT`), its output (``c_proj``'s input) and,
+      with ``resid_pdrop`` > 0, the dropout mask: (k + 1) c sbI + M sbh.
+
+    Each dropout is read on its own: at probability 0 PyTorch's dropout returns its input and
+    keeps nothing.
 
     On CUDA dropout is the fused ``native_dropout`` and keeps a bool mask (M = 1), and LayerNorm's
     statistics are fp32 (S = 4). On a CPU dropout multiplies by a noise tensor of the input's dtype
@@ -90,7 +96,7 @@ def gpt2_layer_terms(
     ==========
 
     spec : ModelSpec
-        A GPT-2 model (LayerNorm, plain GeLU MLP, dropout on).
+        A GPT-2 model (LayerNorm, plain GeLU MLP, any dropouts).
     attention : "eager" or "sdpa"
     precision : str
         ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast is not derived for GPT-2).
@@ -109,30 +115,27 @@ def gpt2_layer_terms(
     gelu = spec.mlp.activation if gelu is None else gelu
     _check("gelu", gelu, tuple(GELU_KEPT))
     _check("device", device, DEVICES)
-    dropouts = (spec.attention.dropout, spec.attention.output_dropout, spec.mlp.dropout)
-    if not all(p > 0 for p in dropouts):
-        raise InputError(
-            "dropout",
-            "GPT-2's formula is derived with attention, residual and MLP dropout on",
-            got=dropouts,
-        )
-    if device == "cpu" and attention == "sdpa":
-        raise InputError(
-            "attention",
-            "sdpa with dropout runs PyTorch's fp32 math kernel on a CPU; only eager is derived there",
-            got=attention,
-        )
     c, _ = _precision(precision)
     M = _dropout_mask_bytes(c, device)
     sb = s * b
-    scores = (2 * c + M) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    qkv = 3 * c * sb * h
+    if attention == "eager":
+        scores = c * a * s**2 * b  # the softmax output (c: GPT-2 does not upcast)
+        if spec.attention.dropout > 0:  # dropout's mask and the dropped-out probabilities
+            scores += (M + c) * a * s**2 * b
+    elif device == "cpu" and spec.attention.dropout > 0:
+        _, scores = _math_kernel_dropout_kept()
+        qkv = 12 * sb * h  # the math kernel's fp32 Q, K, V (a d = h in GPT-2)
+    else:
+        scores = 4 * a * s * b
+    resid = M * sb * h if spec.mlp.dropout > 0 else sympy.Integer(0)
     return {
         "norms": 2 * _norm_kept(spec, precision, device),
         "inputs": 2 * c * sb * h,
-        "qkv": 3 * c * sb * h,
+        "qkv": qkv,
         "scores": sympy.expand(scores),
-        "output": c * sb * h + M * sb * h,
-        "mlp": (GELU_KEPT[gelu] + 1) * c * sb * I + M * sb * h,
+        "output": c * sb * h + resid,
+        "mlp": (GELU_KEPT[gelu] + 1) * c * sb * I + resid,
         "weight_casts": sympy.Integer(0),
     }
 

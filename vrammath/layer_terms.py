@@ -27,6 +27,7 @@ from vrammath.activation_parts import (
     Precision,
     _check,
     _dropout_mask_bytes,
+    _math_kernel_dropout_kept,
     _norm_kept,
     _precision,
     _unit_offset_norm_kept,
@@ -77,7 +78,11 @@ def hf_layer_terms(
     * ``weight_casts`` -- autocast only: the 16-bit copies of the layer's matrices, which autocast
       caches and the linears keep for backward (2 bytes per weight).
 
-    Dropout is off in these models (attention_dropout 0.0) and keeps nothing.
+    Dropout on the probabilities (``attention_dropout`` > 0) keeps, in eager attention, the
+    dropout's mask and the dropped-out probabilities the matmul with V reads; SDPA applies it
+    inside the kernel on CUDA (the log-sum-exp only) and runs the math kernel on a CPU
+    (:func:`~vrammath.activation_parts._math_kernel_dropout_kept`). StarCoder2's residual
+    dropouts keep a mask each (c bytes per element on a CPU, one on CUDA).
 
     ``sliding=True`` gives a layer of a sliding window of w tokens (:func:`window_reached`). Eager
     attention keeps the same tensors (the window only changes the mask's values). SDPA does not
@@ -131,7 +136,6 @@ def hf_layer_terms(
     _check("attention", attention, ATTENTIONS)
     _check("device", device, DEVICES)
     c, autocast = _precision(precision)
-    _check_dropout(spec, attention, precision, device)
     softcap = spec.attention.softcap is not None
     if softcap and attention == "sdpa":
         raise InputError(
@@ -162,10 +166,16 @@ def hf_layer_terms(
         v_heads = repeated if spec.kv_heads > 1 else a_kv
     qkv = c * sb * d * (a + k_heads + v_heads)
     M = _dropout_mask_bytes(c, device)
-    if attention == "sdpa":
+    if _math_dropout(spec, attention, device):
+        qkv, scores = _math_kernel_dropout_kept()
+    elif attention == "sdpa":
         scores = 4 * a * s * b
-    elif spec.attention.dropout > 0:  # softmax output, dropout's mask, dropped-out probabilities
-        scores = (4 + M + c) * a * s**2 * b
+    elif spec.attention.dropout > 0:
+        # the fp32 softmax output, dropout's mask of the probabilities (in the query's dtype:
+        # fp32 under autocast, where RoPE promotes it, unless RoPE casts back as OLMo-2's does)
+        # and the dropped-out ones, in c (autocast: the matmul with V keeps its 16-bit cast)
+        q_bytes = 4 if autocast and not spec.attention.rope_fp32 else c
+        scores = (4 + _dropout_mask_bytes(q_bytes, device) + c) * a * s**2 * b
     else:
         scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b
     if softcap:  # cap * tanh(scores / cap): tanh keeps its output
@@ -184,9 +194,9 @@ def hf_layer_terms(
         "mlp": sympy.expand(mlp),
         "weight_casts": sympy.expand(casts),
     }
-    if masked:
+    if masked and not _math_dropout(spec, attention, device):  # the math kernel adds it in place
         terms["window_mask"] = window_reached() * c * b * s**2
-    return _decoder_part_terms(spec, attention, precision, terms)
+    return _decoder_part_terms(spec, attention, precision, device, terms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,23 +244,13 @@ def _plain_mlp_kept(spec: ModelSpec, c: int) -> sympy.Expr:
     return (GELU_KEPT[spec.mlp.activation] + 1) * c * s * b * I
 
 
-def _check_dropout(spec: ModelSpec, attention: str, precision: str, device: str) -> None:
-    """Dropout outside GPT-2 (StarCoder2) is derived for pure precisions, and SDPA on CUDA only."""
-    p = (spec.embeddings.dropout, spec.attention.dropout, spec.attention.output_dropout)
-    if not any(x > 0 for x in (*p, spec.mlp.dropout)):
-        return
-    if precision.startswith("autocast"):
-        raise InputError("precision", "autocast with dropout is not derived", got=precision)
-    if device == "cpu" and attention == "sdpa" and spec.attention.dropout > 0:
-        raise InputError(
-            "attention",
-            "sdpa with dropout runs PyTorch's fp32 math kernel on a CPU; only eager is derived there",
-            got=attention,
-        )
+def _math_dropout(spec: ModelSpec, attention: str, device: str) -> bool:
+    """Whether SDPA runs PyTorch's math kernel: dropout on the probabilities, on a CPU."""
+    return attention == "sdpa" and device == "cpu" and spec.attention.dropout > 0
 
 
 def _decoder_part_terms(
-    spec: ModelSpec, attention: str, precision: str, terms: dict[str, sympy.Expr]
+    spec: ModelSpec, attention: str, precision: str, device: str, terms: dict[str, sympy.Expr]
 ) -> dict[str, sympy.Expr]:
     """The LLaMA layer's terms with the newer decoders' parts: q/k norms and fused projections.
 
@@ -271,7 +271,11 @@ def _decoder_part_terms(
         out["inputs"] = sympy.expand(out["inputs"] - fewer_casts * 2 * s * b * h)
     if spec.attention.qk_norm != "none" and not spec.norms.unit_offset:  # Gemma-3's: in "norms"
         out["qk_norms"] = qk_norm_bytes(spec, precision)
-    views_kept = attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM
+    views_kept = (
+        attention == "sdpa"
+        and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM
+        and not _math_dropout(spec, attention, device)
+    )
     if spec.attention.fused_qkv_linear and views_kept:
         extra = c * s * b * (a + a_kv) * d + c * s * b * a * d
         out["qkv"] = sympy.expand(out["qkv"] + extra)

@@ -8,8 +8,9 @@ frozen linear weights in NF4 (:mod:`vrammath.quant`) and pages the optimizer sta
 under memory pressure; :func:`lora_terms` composes both into the terms of one fine-tuning setup.
 
 Adapter targets are named by what they adapt (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
-``down``; ``router`` and ``experts`` on mixture-of-experts models): :mod:`vrammath.adapted` says
-what each name adapts in a given model, as peft does it.
+``down``; ``qkv``, ``gate_up`` where an architecture fuses them; ``router`` and ``experts`` on
+mixture-of-experts models): :mod:`vrammath.adapted` says what each name adapts in a given model,
+as peft does it.
 
 Examples
 ========

@@ -46,6 +46,7 @@ from vrammath.layer_peaks import (
     hf_checkpointed_backward_bytes,
     hf_checkpointed_forward_bytes,
     hf_last_layer_forward_bytes,
+    hf_math_attention_forward_bytes,
     hf_top_layer_backward_bytes,
 )
 from vrammath.layer_terms import hf_layer_terms
@@ -111,11 +112,14 @@ def _with_kept_outputs(
     return {k: e + add.get(k, 0) for k, e in phases.items()}
 
 
-def _gradient_shares(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr]:
+def _gradient_shares(
+    spec: ModelSpec, done: tuple[str, ...] | None = None
+) -> tuple[sympy.Expr, sympy.Expr]:
     """Parameters whose gradients exist at a layer's attention backward, at the top layer and
     at the bottom one: at the top the head, the final norm and the layer's MLP, second norm and
     output projection; at the bottom everything but the input side (the untied embedding,
-    learned positions) and the layer's first norm and q/k/v."""
+    learned positions) and the layer's first norm and q/k/v. ``done`` names the layer's only
+    tensors whose gradients exist (a backward further up the layer: GPT-2's GeLU)."""
     own = (
         "input_layernorm",
         "self_attn.q_proj",
@@ -125,7 +129,10 @@ def _gradient_shares(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr]:
         "attn.c_attn.",
     )
     per_layer = [t for t in tensors(spec) if t.count == L]
-    pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
+    if done is None:
+        pending = sympy.Add(*(t.numel for t in per_layer if t.name.startswith(own)))
+    else:
+        pending = sympy.Add(*(t.numel for t in per_layer if not t.name.startswith(done)))
     outside = sympy.Add(*(t.numel for t in tensors(spec) if t.count != L))
     last = sympy.Add(
         *(
@@ -173,11 +180,18 @@ def _checkpointed_peaks(
         return in_layer, None
     top, bottom = _gradient_shares(spec)
     layer = backward["layer"]
-    recomputing = _peak(
+    candidates = [
         before + layer + gradients * top / P,
         before - (L - 1) * backward["checkpoint"] + layer + gradients * bottom / P,
-    )
-    return in_layer, recomputing
+    ]
+    if "mlp_layer" in backward:  # the MLP's backward: only its output projection is done
+        top, bottom = _gradient_shares(spec, done=("mlp.c_proj", "mlp.down_proj"))
+        mlp = backward["mlp_layer"]
+        candidates += [
+            before + mlp + gradients * top / P,
+            before - (L - 1) * backward["checkpoint"] + mlp + gradients * bottom / P,
+        ]
+    return in_layer, _peak(*candidates)
 
 
 def _peak(*candidates: sympy.Expr) -> sympy.Expr:
@@ -301,13 +315,15 @@ def hf_phase_peaks(
     in_layer = fwd_end - loss["kept"] + (fwd_layer if recompute == "full" else 0) + cast_cache
     forward_candidates = [fwd_end + loss["forward_transient"] + cast_cache]
     unchecked = hf_last_layer_forward_bytes(spec, attention, precision, device=device)
+    if attention == "sdpa" and device == "cpu":  # the math kernel of SDPA with dropout
+        unchecked = hf_math_attention_forward_bytes(spec, precision)
     if recompute == "none" and unchecked is not None:
         # the last layer's softmax, before the final norm and the head exist
         tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
         after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
         forward_candidates.append(in_layer - after - unchecked["later"] + unchecked["live"])
     recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
-    top_layer = hf_top_layer_backward_bytes(spec, attention, precision)
+    top_layer = hf_top_layer_backward_bytes(spec, attention, precision, device=device)
     if recompute == "none" and top_layer is not None:
         tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
         after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from vrammath.adapted import adapted_linears, lora_targets
+from vrammath.adapted import adapted_linears, allowed_targets, lora_targets
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.model import ModelSpec
@@ -195,8 +195,9 @@ class Setup:
         default=DEFAULT_TARGETS,
         metadata=option(
             "--lora-targets",
-            "adapted projections: q,k,v,o,gate,up,down, on MoE/MLA models also router, experts, "
-            "shared_gate, q_a, q_b, kv_a, kv_b; or all-linear (default q,v; needs --lora-rank)",
+            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused; router, "
+            "experts, shared_gate, q_a, q_b, kv_a, kv_b on MoE/MLA models), module names or "
+            "all-linear/attention/mlp (default q,v; needs --lora-rank)",
             kind="targets",
         ),
     )
@@ -377,7 +378,7 @@ class Setup:
         if not isinstance(self.lora_targets, str | tuple | list):
             raise InputError(
                 "lora_targets",
-                "must be a list of q,k,v,o,gate,up,down or all-linear",
+                "must be a list of targets (q,k,v,o,gate,up,down, qkv, gate_up) or all-linear",
                 self.lora_targets,
             )
         object.__setattr__(self, "lora_targets", lora_targets(self.lora_targets))
@@ -394,7 +395,18 @@ class Setup:
                     "quant", "needs --lora-rank (a quantized base is frozen)", got=self.quant
                 )
             return
-        adapted_linears(self.model, self.lora_targets)  # e.g. no gate in a GPT MLP
+        try:
+            adapted_linears(self.model, self.lora_targets)  # e.g. no gate in a GPT MLP
+        except InputError as err:
+            if self.lora_targets != DEFAULT_TARGETS:
+                raise
+            # the user named no targets: say the default is what the model lacks
+            raise InputError(
+                "lora_targets",
+                f"q,v (the default) are not projections of {self.model.model_type}; pass "
+                "--lora-targets with one of " + ", ".join(allowed_targets(self.model)),
+                got="q,v",
+            ) from err
         if self.offload_optimizer or self.offload_params:
             raise InputError(
                 "offload", "is not estimated with LoRA (use --zero without offload)", got="offload"

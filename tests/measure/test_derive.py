@@ -149,12 +149,6 @@ def test_activations_equal_derived_polynomial(
         verify=False,
     )
     assert found.layer_mode.startswith("fit in L")
-    if arch == "gpt2" and attention == "sdpa" and recompute == "none":
-        # no formula (CPU sdpa with dropout runs the fp32 math kernel): derive is the answer
-        with pytest.raises(InputError, match="only eager is derived there"):
-            hf_activation_bytes(spec, "sdpa", precision, device="cpu")  # type: ignore[arg-type]
-        assert coefficients(found.in_layers["activations"].subs(L, 1))["b*s**2"] != "0"
-        return
     analytic = hf_activation_bytes(
         spec,
         attention,  # type: ignore[arg-type]
@@ -172,7 +166,7 @@ def test_steady_step_peak_and_checks(arch: str) -> None:
     step counters and the model's buffers)."""
     cfg = CONFIGS[arch]
     spec = as_spec(cfg)
-    attention = "eager" if arch == "gpt2" else "sdpa"  # see the test above
+    attention = "eager" if arch == "gpt2" else "sdpa"  # GPT-2's eager block, dropout on
     found = derive(cfg, precision="bf16", attention=attention, batch=2, seq=SEQ)
     assert [m for m in found.misses if m.startswith("activations")] == []
     analytic = hf_activation_bytes(spec, attention, "bf16", device="cpu").subs(size_values(spec))
@@ -194,6 +188,50 @@ def test_steady_step_peak_and_checks(arch: str) -> None:
         assert extra == 8 * b * s
     else:  # RoPE's inv_freq and original_inv_freq buffers, fp32, not in the estimate
         assert extra == 2 * 4 * (spec.head_dim // 2)
+
+
+NEWER = ("qwen3", "olmo2", "phi3", "starcoder2", "gemma", "gemma2", "gemma3_text", "gpt_neox")
+"""The architectures added after the first four, with :data:`vrammath.measure.archs.ARCH_CONFIGS`'
+small configs (odd sizes; Gemma-2/3 with a window of 16 below every fitted s)."""
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize(("precision", "attention"), [("bf16", "sdpa"), ("fp32", "eager")])
+@pytest.mark.parametrize("arch", NEWER)
+def test_newer_activations_equal_derived_polynomial(
+    arch: str, precision: str, attention: str, recompute: str
+) -> None:
+    """As above for the newer decoders, bf16 SDPA (Gemma-2: bf16 eager; its SDPA is refused)
+    and fp32 eager. Where the layers differ (Gemma-2/3's sliding and global layers) derive
+    runs every layer and the polynomial is in b and s at the config's L."""
+    from vrammath.measure.archs import ARCH_CONFIGS, EAGER_ONLY
+
+    if arch in EAGER_ONLY:
+        attention = "eager"
+    cfg = ARCH_CONFIGS[arch]
+    spec = as_spec(cfg)
+    found = derive(
+        cfg,
+        precision=precision,
+        attention=attention,
+        recompute=recompute,
+        batch=2,
+        seq=SEQ,
+        steps=1,
+        verify=False,
+    )
+    analytic = hf_activation_bytes(
+        spec,
+        attention,  # type: ignore[arg-type]
+        precision,  # type: ignore[arg-type]
+        recompute,  # type: ignore[arg-type]
+        device="cpu",
+    )
+    if found.layer_mode.startswith("fit in L"):
+        got, want = found.in_layers["activations"], analytic.subs(_sizes(spec))
+    else:
+        got, want = found.exprs["activations"], analytic.subs(size_values(spec))
+    assert _in_bs_l(got) == _in_bs_l(_piece(want))
 
 
 def test_cli_derive_json(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:

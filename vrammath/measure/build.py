@@ -126,6 +126,7 @@ def hf_config(
             "vocab_size": spec.vocab,
             "tie_word_embeddings": spec.tied_embeddings,
             "max_position_embeddings": spec.max_positions,
+            "attention_dropout": spec.attention.dropout,
         }
         if spec.model_type == "gemma2":
             cfg = transformers.Gemma2Config(

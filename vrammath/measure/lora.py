@@ -88,9 +88,10 @@ def peft_targets(spec: ModelSpec, targets: str | Sequence[str]) -> dict[str, lis
 
     >>> from vrammath.presets import load_model
     >>> peft_targets(load_model("mixtral-8x7b"), "o,gate,up,down,router")
-    {'target_modules': ['o_proj', 'w1', 'w3', 'w2', 'gate']}
-    >>> peft_targets(load_model("qwen3-30b-a3b"), "q,experts")
-    {'target_modules': ['q_proj'], 'target_parameters': ['experts.gate_up_proj', 'experts.down_proj']}
+    {'target_modules': ['self_attn.o_proj', 'w1', 'w3', 'w2', 'gate']}
+    >>> peft_targets(load_model("qwen3-30b-a3b"), "q,experts")  # doctest: +NORMALIZE_WHITESPACE
+    {'target_modules': ['self_attn.q_proj'],
+     'target_parameters': ['experts.gate_up_proj', 'experts.down_proj']}
     """
     out: dict[str, list[str]] = {}
     for m in adapted_linears(spec, targets):
@@ -111,6 +112,7 @@ def measure_lora_step(
     input_grads: bool = False,
     steps: int = 2,
     layers: int | None = None,
+    attention: str = "sdpa",
 ) -> dict[str, Any]:
     """Count one LoRA training step of the real peft model with fake tensors.
 
@@ -131,7 +133,7 @@ def measure_lora_step(
     started = time.perf_counter()
     with real_training_masks(), FakeTensorMode():
         torch.manual_seed(0)
-        net = build_model(spec, precision=precision, attention="sdpa", layers=layers)
+        net = build_model(spec, precision=precision, attention=attention, layers=layers)
         for param in net.parameters():
             param.requires_grad_(False)
         if adapters:

@@ -32,8 +32,9 @@ EXACT = ("parameters", "gradients", "optimizer")
 ONE_PERCENT = ("activations", "forward_peak", "backward_peak", "step_peak", "peak", "first_peak")
 
 
-def _model_arg(name: str) -> Any:
-    return CONFIGS.get(name, name)
+def _model_arg(name: Any) -> Any:
+    """A named config of :data:`CONFIGS`, a preset name, or a config dict as it is."""
+    return CONFIGS.get(name, name) if isinstance(name, str) else name
 
 
 def step_counter_bytes(spec: Any, optimizer: str) -> int:

@@ -9,7 +9,7 @@ ids, initialisation, norm epsilon, ...), and ``parts`` reads the modelled keys i
 :mod:`vrammath.model`. Every key of a config is therefore one of three things:
 
 * modelled -- read, checked and recorded in a part (a value the formulas do not describe, such
-  as ``attention_dropout`` > 0, is refused with an :class:`~vrammath.errors.InputError`);
+  as Gemma's ``attention_dropout`` > 0, is refused with an :class:`~vrammath.errors.InputError`);
 * known harmless -- ignored on purpose (:data:`COMMON_HARMLESS` plus the reader's own list);
 * unknown -- kept as a one-line warning in ``ModelSpec.warnings``.
 
@@ -80,10 +80,10 @@ def read_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec
     """Check the keys every reader shares, then read ``cfg`` with its ``model_type``'s reader.
 
     >>> read_config({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
-    ...     "vocab_size": 100, "resid_pdrop": 0.0})
+    ...     "vocab_size": 100, "resid_pdrop": 1.0})
     Traceback (most recent call last):
     ...
-    vrammath.errors.InputError: resid_pdrop: must be > 0 (GPT-2's activation formula is derived with dropout on; 0 is not modelled) (got 0.0)
+    vrammath.errors.InputError: resid_pdrop: must be a number in [0, 1) (got 1.0)
     """
     if not isinstance(cfg, Mapping):
         raise InputError("config", "must be a JSON object", got=type(cfg).__name__)

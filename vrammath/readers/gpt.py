@@ -20,17 +20,6 @@ GELU_VARIANTS: tuple[str, ...] = tuple(GELU_KEPT)
 """GPT-2 activation functions the activation formula describes (:data:`GELU_KEPT`)."""
 
 
-def _dropout_on(k: Keys, key: str) -> float:
-    p = k.probability(key, 0.1)
-    if p == 0:
-        raise InputError(
-            key,
-            "must be > 0 (GPT-2's activation formula is derived with dropout on; 0 is not modelled)",
-            got=k.raw(key),
-        )
-    return p
-
-
 def _gpt2(k: Keys) -> Parts:
     hidden = k.size("n_embd")
     heads = k.size("n_head")
@@ -46,14 +35,15 @@ def _gpt2(k: Keys) -> Parts:
         "must be false (per-layer attention scaling is not modelled)",
     )
     k.off("scale_attn_weights", True, "must be true (unscaled attention is not modelled)")
-    resid = _dropout_on(k, "resid_pdrop")
+    # each dropout is read on its own (0 keeps no mask); 0.1 is GPT2Config's default
+    resid = k.probability("resid_pdrop", 0.1)
     embeddings = Embeddings(
         vocab=k.size("vocab_size"),
         hidden=hidden,
         tied=k.flag("tie_word_embeddings", True),
         learned_positions=True,
         max_positions=k.size("n_positions", 1024),
-        dropout=_dropout_on(k, "embd_pdrop"),
+        dropout=k.probability("embd_pdrop", 0.1),
     )
     attention = Attention(
         heads=heads,
@@ -62,7 +52,7 @@ def _gpt2(k: Keys) -> Parts:
         qkv_bias=True,
         o_bias=True,
         fused_qkv=True,
-        dropout=_dropout_on(k, "attn_pdrop"),
+        dropout=k.probability("attn_pdrop", 0.1),
         output_dropout=resid,
     )
     mlp = MLP(
@@ -82,11 +72,11 @@ GPT2 = Reader(
         "vocab_size": "embeddings.vocab",
         "tie_word_embeddings": "embeddings.tied",
         "n_positions": "embeddings.max_positions",
-        "embd_pdrop": "embeddings.dropout (> 0 only)",
+        "embd_pdrop": "embeddings.dropout",
         "n_layer": "layers",
         "n_head": "attention.heads (= kv_heads)",
-        "attn_pdrop": "attention.dropout (> 0 only)",
-        "resid_pdrop": "attention.output_dropout, mlp.dropout (> 0 only)",
+        "attn_pdrop": "attention.dropout",
+        "resid_pdrop": "attention.output_dropout, mlp.dropout",
         "reorder_and_upcast_attn": "(false only)",
         "scale_attn_by_inverse_layer_idx": "(false only)",
         "scale_attn_weights": "(true only)",

@@ -22,7 +22,7 @@ _DECODER_KEYS: dict[str, str] = {
     "num_attention_heads": "attention.heads",
     "num_key_value_heads": "attention.kv_heads",
     "head_dim": "attention.head_dim",
-    "attention_dropout": "attention.dropout (0 only: dropout in attention is not modelled)",
+    "attention_dropout": "attention.dropout",
     "intermediate_size": "mlp.intermediate",
     "hidden_act": "mlp.activation (silu only)",
 }
@@ -55,12 +55,6 @@ def _decoder_parts(
     activation = k.raw("hidden_act", "silu")
     if activation != "silu":
         raise one_of("hidden_act", activation, ["silu"])
-    if k.probability("attention_dropout", 0.0) != 0:
-        raise InputError(
-            "attention_dropout",
-            "must be 0.0 (dropout on attention probabilities is not modelled)",
-            got=k.raw("attention_dropout"),
-        )
     embeddings = Embeddings(
         vocab=k.size("vocab_size"),
         hidden=hidden,
@@ -76,6 +70,7 @@ def _decoder_parts(
         o_bias=o_bias,
         sliding_window=window,
         window_layers=window_layers if window is not None else 0,
+        dropout=k.probability("attention_dropout", 0.0),
     )
     mlp = MLP(
         intermediate=k.size("intermediate_size"), gated=True, activation="silu", bias=mlp_bias

@@ -14,7 +14,8 @@ from dataclasses import replace
 from vrammath.errors import InputError, one_of
 from vrammath.model import Experts, LatentAttention
 from vrammath.readers.keys import Extra, Keys, Parts, Reader, bounded_int, divisors_text
-from vrammath.readers.llama import _DECODER_HARMLESS, _DECODER_KEYS, _decoder_parts, _mistral
+from vrammath.readers.llama import _DECODER_HARMLESS, _DECODER_KEYS, _mistral
+from vrammath.readers.llama import _decoder_parts as _dense_parts
 
 _MOE_HARMLESS: tuple[str, ...] = ("router_aux_loss_coef",)
 """The auxiliary load-balancing loss's weight scales a scalar; it keeps no tensor."""
@@ -34,8 +35,33 @@ def _routing(k: Keys, experts_key: str) -> tuple[int, int]:
     return count, top_k
 
 
+def _no_attention_dropout(k: Keys) -> None:
+    """The MoE layers' activations are measured without attention dropout: refused here."""
+    if k.probability("attention_dropout", 0.0) != 0:
+        raise InputError(
+            "attention_dropout",
+            f"must be 0.0 (dropout in {k.cfg.get('model_type')} attention is not modelled)",
+            got=k.raw("attention_dropout"),
+        )
+
+
+def _decoder_parts(
+    k: Keys, *, qkv_bias: bool, o_bias: bool, mlp_bias: bool, window: None, window_layers: int
+) -> Parts:
+    _no_attention_dropout(k)
+    return _dense_parts(
+        k,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
+        window=window,
+        window_layers=window_layers,
+    )
+
+
 def _mixtral(k: Keys) -> Parts:
     k.off("router_jitter_noise", 0.0, "must be 0.0 (router jitter noise is not modelled)")
+    _no_attention_dropout(k)
     return _mistral(k)
 
 
