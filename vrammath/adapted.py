@@ -75,8 +75,9 @@ _ONE = sympy.Integer(1)
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """The LLaMA-style targets (separate projections); the full vocabulary is :data:`ALL_TARGETS`."""
 ALL_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
-"""Every logical target: ``qkv`` and ``gate_up`` are the fused projections (Phi-3's
-``qkv_proj`` and ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's ``query_key_value``)."""
+"""Every logical target of a dense model; ``qkv`` and ``gate_up`` are the fused projections
+(Phi-3's ``qkv_proj`` and ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's
+``query_key_value``)."""
 MOE_TARGETS = ("q_a", "q_b", "kv_a", "kv_b", "router", "experts", "shared_gate")
 """Targets only mixture-of-experts or latent-attention models have."""
 TARGET_GROUPS: dict[str, tuple[str, ...]] = {
