@@ -75,7 +75,7 @@ from vrammath.model import ModelSpec
 from vrammath.params import tensors
 from vrammath.symbols import E, I_e, I_s, P, V, b, h, k_e, s
 
-#: The step of one op, as a pair (the bytes it adds less the bytes freed, and the parameters
+#: One op's step, as a pair (the bytes it adds less the bytes freed, and the parameters
 #: whose gradients it creates).
 Step = tuple[sympy.Expr, sympy.Expr]
 
