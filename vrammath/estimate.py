@@ -362,7 +362,10 @@ def _check_korthikanti_moe(setup: Setup) -> None:
         )
     if setup.lora_rank is not None:
         raise InputError(
-            "lora_rank", "LoRA on mixture-of-experts models is not modelled", got=setup.lora_rank
+            "lora_rank",
+            "LoRA on the Korthikanti-style mixture-of-experts path is not modelled (the HF-exact "
+            "path estimates it: --activations hf)",
+            got=setup.lora_rank,
         )
 
 
