@@ -211,7 +211,10 @@ def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str
         (["--recompute", "selective"], "activation_model: mixture-of-experts activations"),
         (["--attention", "eager"], "attention: mixture-of-experts phase peaks are derived"),
         (["--recipe", "fp32"], "recipe: mixture-of-experts training is derived for a bf16 forward"),
-        (["--lora-rank", "8"], "lora_rank: LoRA on mixture-of-experts models"),
+        (
+            ["--recipe", "bf16-pure", "--lora-rank", "8", "--lora-targets", "experts"],
+            "lora_targets: adapters on the router or the experts are not in the training",
+        ),
     ],
 )
 def test_refused_setups_one_line_exit_2(

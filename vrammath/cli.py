@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import sympy
 
+from vrammath.adapted import lora_targets
 from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
@@ -32,10 +33,7 @@ from vrammath.fields import Option, options
 from vrammath.fit import fit
 from vrammath.formulas import FORMULAS, formula_exprs
 from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
-from vrammath.lora import (
-    lora_param_count,
-    lora_targets,
-)
+from vrammath.lora import lora_param_count
 from vrammath.parallel import zero_stage
 from vrammath.params import param_count, size_values
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model

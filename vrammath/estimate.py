@@ -25,6 +25,7 @@ from functools import cached_property
 
 import sympy
 
+from vrammath.adapted import check_estimated_targets
 from vrammath.errors import InputError
 from vrammath.moe import ep_replica_params, expert_values
 from vrammath.moe_stage import stage_copies
@@ -309,9 +310,7 @@ def _check_modelled(setup: Setup) -> None:
             got=setup.activation_model,
         )
     if setup.lora_rank is not None:
-        raise InputError(
-            "lora_rank", "LoRA on mixture-of-experts models is not modelled", got=setup.lora_rank
-        )
+        check_estimated_targets(spec, setup.lora_targets)
     if PRECISION_OF[setup.recipe] != "bf16":
         raise InputError(
             "recipe",
@@ -363,7 +362,10 @@ def _check_korthikanti_moe(setup: Setup) -> None:
         )
     if setup.lora_rank is not None:
         raise InputError(
-            "lora_rank", "LoRA on mixture-of-experts models is not modelled", got=setup.lora_rank
+            "lora_rank",
+            "LoRA on the Korthikanti-style mixture-of-experts path is not modelled (the HF-exact "
+            "path estimates it: --activations hf)",
+            got=setup.lora_rank,
         )
 
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from vrammath.adapted import adapted_linears, allowed_targets, lora_targets
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
-from vrammath.lora import adapted_linears, allowed_targets, lora_targets
 from vrammath.model import ModelSpec
 from vrammath.moe import check_ep, check_ep_optimizer
 from vrammath.moe_capacity import check_capacity
@@ -198,8 +198,9 @@ class Setup:
         default=DEFAULT_TARGETS,
         metadata=option(
             "--lora-targets",
-            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused), module names "
-            "or all-linear/attention/mlp (default q,v; needs --lora-rank)",
+            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused; router, "
+            "experts, shared_gate, q_a, q_b, kv_a, kv_b on MoE/MLA models), module names or "
+            "all-linear/attention/mlp (default q,v; needs --lora-rank)",
             kind="targets",
         ),
     )
@@ -514,6 +515,12 @@ def setup_warnings(setup: Setup) -> tuple[str, ...]:
     limit = setup.model.max_positions
     if setup.seq_len > limit:
         out.append(f"seq_len {setup.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    if setup.quant is not None and setup.model.experts is not None:
+        # transformers 5's bitsandbytes replaces nn.Linear only (vrammath.quant.quantized_tensors)
+        out.append(
+            f"quant {setup.quant}: the routed experts (3-D parameters in transformers 5) and the "
+            "router stay in 16 bits; only nn.Linear layers are quantized"
+        )
     return tuple(out)
 
 
