@@ -201,6 +201,20 @@ SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
             "gpu": "A100-80GB",
         },
     ),
+    # the MoE chapter's and bank's QLoRA case: Mixtral-8x7B, NF4 base, attention adapters
+    "mixtral-qlora-attn-l40s": (
+        "mixtral-8x7b",
+        {
+            "recipe": "bf16-pure",
+            "lora_rank": 16,
+            "lora_targets": "q,k,v,o",
+            "quant": "nf4",
+            "micro_batch": 1,
+            "seq_len": 2048,
+            "recompute": "full",
+            "gpu": "L40S-48GB",
+        },
+    ),
 }
 
 _CLI_FLAGS = {
@@ -214,6 +228,9 @@ _CLI_FLAGS = {
     "attention": "--attention",
     "recompute": "--recompute",
     "gpu": "--gpu",
+    "lora_rank": "--lora-rank",
+    "lora_targets": "--lora-targets",
+    "quant": "--quant",
 }
 _CLI_SWITCHES = {"offload_optimizer": "--offload-optimizer", "offload_params": "--offload-params"}
 

@@ -6,10 +6,11 @@ import pytest
 import sympy
 
 from vrammath.activations import hf_activation_terms
+from vrammath.adapted import adapted_linears
 from vrammath.errors import InputError
 from vrammath.kv_cache import kv_bytes_per_token
 from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms, qk_norm_bytes
-from vrammath.lora import adapted_linears, lora_param_count
+from vrammath.lora import lora_param_count
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values, tensors
 from vrammath.presets import load_model

@@ -334,6 +334,100 @@ def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
     assert "N_d" in phases["step_peak"]
 
 
+DEEPSEEK_LAYOUT = [
+    "estimate",
+    "deepseek-v3",
+    "--activations",
+    "korthikanti",
+    "--gpus",
+    "128",
+    "--pp",
+    "16",
+    "--ep",
+    "64",
+    "--zero",
+    "1",
+    "--schedule",
+    "dualpipe",
+    "--recipe",
+    "deepseek-v3-fp8",
+    "--seq",
+    "4096",
+    "--batch",
+    "1",
+]
+
+
+def test_deepseek_v3_layout_through_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *DEEPSEEK_LAYOUT, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["setup"]["capacity_factor"] is None
+    assert data["setup"]["imbalance"] == 1
+    assert data["setup"]["activation_policy"] == "auto"
+    assert max(data["phases"].values()) == 80_664_844_672  # deepseek_v3_training_memory()
+    code, text, _ = run(capsys, *DEEPSEEK_LAYOUT)
+    assert code == 0
+    assert "experts over --ep 64 (expert-data-parallel group of 2)" in text
+    assert "stages 0, 15" in text
+
+
+def test_capacity_factor_and_imbalance_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from vrammath.moe_korthikanti import deepseek_v3_training_memory
+
+    def peak(*extra: str) -> int:
+        code, out, _ = run(capsys, *DEEPSEEK_LAYOUT, "--json", *extra)
+        assert code == 0
+        return int(max(json.loads(out)["phases"].values()))
+
+    assert peak("--capacity-factor", "1") == peak() == 80_664_844_672
+    assert (
+        peak("--capacity-factor", "1.25")
+        == deepseek_v3_training_memory(capacity_factor=1.25).estimate.gpu_bytes
+    )
+    assert peak("--imbalance", "1.25") == deepseek_v3_training_memory(imbalance=1.25).total
+    assert peak("--imbalance", "1.25") > peak()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--imbalance", "0.5"], "imbalance: must be a number from 1 (got 0.5)"),
+        (["--capacity-factor", "0"], "capacity_factor: must be a number above 0"),
+        (["--capacity-factor", "-1"], "capacity_factor: must be a number above 0"),
+        (["--capacity-factor", "abc"], "capacity-factor: must be a number (got 'abc')"),
+        (["--imbalance", "nan"], "imbalance: must be a number (got 'nan')"),
+        (["--activation-policy", "fp4"], "activation-policy: must be one of auto, bf16-flash"),
+        (["--tp", "2"], "tp: tensor parallelism of Korthikanti-style mixture-of-experts"),
+        (["--recompute", "full"], "recompute: full: the recomputed MoE layer's transient"),
+        (["--attention", "eager"], "attention: the Korthikanti-style mixture-of-experts"),
+        (["--recipe", "fp32"], "recipe: the Korthikanti-style mixture-of-experts policies"),
+        (["--zero", "2"], "zero: stages 2 and 3 are not modelled with pipeline parallelism"),
+        (["--pp", "15"], "pp: must be even for DualPipe"),
+    ],
+)
+def test_moe_korthikanti_refusals(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert message in one_line_exit_2(capsys, *DEEPSEEK_LAYOUT, *extra)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["llama-7b", "--capacity-factor", "1.25"], "capacity_factor: needs a mixture-of-experts"),
+        (["mixtral-8x7b", "--imbalance", "1.5"], "imbalance: needs a mixture-of-experts model"),
+        (["llama-7b", "--activation-policy", "deepseek-v3"], "activation_policy: needs a"),
+        (["llama-7b", "--pp", "2", "--schedule", "dualpipe"], "schedule: dualpipe is modelled"),
+        (["mixtral-8x7b", "--recipe", "deepseek-v3-fp8"], "recipe: deepseek-v3-fp8 needs"),
+    ],
+)
+def test_moe_fields_refused_off_the_moe_path(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert message in one_line_exit_2(capsys, "estimate", *argv)
+
+
 def test_default_lora_targets_missing_names_the_allowed(capsys: pytest.CaptureFixture[str]) -> None:
     """GPT-2 fuses q, k, v into c_attn: the default q,v is refused with what it has instead."""
     code, _, err = run(capsys, "estimate", "gpt2", "--lora-rank", "8")

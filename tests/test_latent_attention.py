@@ -16,6 +16,7 @@ from vrammath.activations import hf_activation_bytes, hf_activation_terms
 from vrammath.errors import InputError
 from vrammath.latent_attention import mla_attention_terms, mla_layer_terms, mla_rope_bytes
 from vrammath.layer_terms import hf_layer_terms
+from vrammath.measure.matrix_rows import SMALL_DEEPSEEK_V3
 from vrammath.model import from_hf_config
 from vrammath.moe import moe_mlp_kept_exprs
 from vrammath.params import size_values
@@ -167,27 +168,7 @@ def test_consistent_derived_keys_are_accepted() -> None:
 
 # --- training estimates (vrammath.estimate with vrammath.deepseek_moe_steps) -------------------
 
-SMALL = {
-    "model_type": "deepseek_v3",
-    "hidden_size": 96,
-    "intermediate_size": 200,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 1000,
-    "q_lora_rank": 40,
-    "kv_lora_rank": 32,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 24,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 3,
-    "n_group": 4,
-    "topk_group": 2,
-    "moe_intermediate_size": 48,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-}
+SMALL = SMALL_DEEPSEEK_V3  # the matrix rows' config: one small DeepSeek-V3 for both
 
 
 def test_fp32_routers_in_the_model_states() -> None:

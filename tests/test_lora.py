@@ -12,17 +12,14 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vrammath.adapted import LORA_TARGETS, adapted_linears, allowed_targets, lora_targets
 from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import estimate
 from vrammath.lora import (
-    LORA_TARGETS,
-    adapted_linears,
-    allowed_targets,
     lora_activation_layer_expr,
     lora_param_count,
     lora_state_exprs,
-    lora_targets,
 )
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values

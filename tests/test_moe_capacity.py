@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from fractions import Fraction
+from typing import Any
 
 import pytest
 import sympy
@@ -332,3 +334,109 @@ def test_sharded_states_add_up_over_every_gpu(schedule: str, pp: int, ep: int, t
         assert sum(r.sharded for r in ranks) * layout.dp == whole
     else:  # replicated norms and routers are counted on every tensor-parallel rank
         assert sum(r.sharded for r in ranks) * layout.dp * tp > whole
+
+
+def _deepseek_setup(**changes: object) -> Any:
+    from vrammath.setup import Setup
+
+    kw: dict[str, Any] = {
+        "recipe": "deepseek-v3-fp8",
+        "zero": 1,
+        "gpus": 128,
+        "pp": 16,
+        "ep": 64,
+        "schedule": "dualpipe",
+        "seq_len": 4096,
+        "activation_model": "korthikanti",
+    }
+    return Setup(load_model("deepseek-v3"), **(kw | changes))
+
+
+def test_wrapper_is_estimate_of_its_setup() -> None:
+    from vrammath.estimate import estimate
+
+    answer = deepseek_v3_training_memory()
+    est = estimate(_deepseek_setup())
+    assert answer.total == est.gpu_bytes == est.phases["forward_peak"] == 80_664_844_672
+    for key, value in answer.states.items():
+        assert est.component(key).bytes == value
+    assert answer.activations == {
+        "layers": est.component("activations").bytes,
+        "head": est.component("logits_loss").bytes,
+    }
+    # the states equal moe_layout's exact count of the busiest rank
+    spec = load_model("deepseek-v3")
+    _, states = layout_state_bytes(spec, DEEPSEEK_V3_LAYOUT, "deepseek-v3-fp8")
+    assert states == answer.states
+    # the activations equal moe_layout's composition of moe_capacity's and MLA's terms
+    acts = layout_activation_bytes(spec, DEEPSEEK_V3_LAYOUT, 1, 4096, DEEPSEEK_V3_POLICY)
+    assert acts == answer.activations
+
+
+def test_default_fields_are_the_explicit_identities() -> None:
+    from vrammath.estimate import estimate
+
+    base = estimate(_deepseek_setup())
+    explicit = estimate(_deepseek_setup(imbalance=1.0, activation_policy="deepseek-v3"))
+    assert base.phases == explicit.phases
+    # dropless at balance == padded buffers at c_f = 1, symbolically (rows b s k either way)
+    padded = estimate(_deepseek_setup(capacity_factor=1))
+    acts = base.component("activations").expr
+    assert sympy.simplify(acts - padded.component("activations").expr) == 0
+    # imbalance and a padded capacity factor scale the same routed rows
+    assert (
+        estimate(_deepseek_setup(imbalance=1.25)).phases
+        == estimate(_deepseek_setup(capacity_factor=1.25)).phases
+    )
+    # the gradients stay resident beside the activations (Megatron's gradient buffer)
+    states = sum(
+        base.component(k).bytes or 0 for k in ("weights", "gradients", "master", "optimizer")
+    )
+    assert base.gpu_bytes == states + base.activation_bytes
+
+
+def test_one_f_one_b_and_other_policies_through_estimate() -> None:
+    spec = load_model("mixtral-8x7b")
+    mem = layout_memory(spec, Layout(64, pp=4, ep=8))
+    assert mem.estimate.setup.gpus == 16
+    assert mem.estimate.setup.policy == "bf16-flash"
+    assert mem.total == mem.estimate.gpu_bytes
+    kept = deepseek_v3_training_memory(policy="deepseek-v3-outputs-kept")
+    # the experts' outputs kept: 2 B s b k h more per MoE layer (59 of them, 17/16 in flight)
+    extra = 2 * 4096 * 8 * 7168 * 59 * 17 // 16
+    assert kept.total - deepseek_v3_training_memory().total == extra
+    with pytest.raises(InputError, match="^policy: must be one of the named policies"):
+        layout_memory(spec, Layout(64, pp=4, ep=8), policy=replace(BF16_FLASH, router_bytes=2))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"tp": 2, "gpus": 64}, "tp: tensor parallelism"),
+        ({"recompute": "full"}, "recompute: full"),
+        ({"schedule": "interleaved", "chunks": 2}, "schedule: must be one of 1f1b, dualpipe"),
+        ({"optimizer": "adam8bit"}, "optimizer: must be one of adamw, adam, sgd, sgd-momentum"),
+        ({"imbalance": 0.9}, "imbalance: must be a number from 1 (got 0.9)"),
+        ({"capacity_factor": 0}, "capacity_factor: must be a number above 0 (got 0)"),
+        ({"activation_policy": "fp4"}, "activation_policy: must be one of auto, bf16-flash"),
+    ],
+)
+def test_moe_korthikanti_refusals_name_the_field(changes: dict[str, object], message: str) -> None:
+    from vrammath.estimate import estimate
+
+    with pytest.raises(InputError) as err:
+        estimate(_deepseek_setup(**changes))
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+
+
+def test_n_d_is_the_data_parallel_gpus_under_dualpipe() -> None:
+    # solvers substitute N_d: it must mean Setup.gpus, the 2 N_d ranks of a stage in the rows
+    from vrammath.estimate import _value, estimate
+    from vrammath.symbols import N_d
+
+    est = estimate(_deepseek_setup())
+    assert est.values[N_d] == 128
+    assert est.component("optimizer").expr == 2 * P / N_d  # 4 P / (2 N_d): bf16 moments
+    at_64 = _value(est.gpu_expr(), {**est.values, N_d: 64})
+    assert at_64 == estimate(_deepseek_setup(gpus=64)).gpu_bytes

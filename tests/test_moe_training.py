@@ -207,11 +207,15 @@ def _one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str
         (["--ep", "3", "--gpus", "6"], "ep: must divide the routed experts (8: 1, 2, 4, 8)"),
         (["--ep", "4", "--gpus", "2"], "ep: must divide --gpus=2"),
         (["--ep", "2", "--gpus", "2", "--optimizer", "adafactor"], "optimizer: must be one of"),
-        (["--tp", "2"], "tp/pp: tensor and pipeline parallelism of mixture-of-experts"),
-        (["--recompute", "selective"], "activation_model: mixture-of-experts activations"),
+        # --tp and selective recomputation take the Korthikanti-style path (Megatron's), whose
+        # tensor parallelism is refused by name
+        (["--tp", "2"], "tp: tensor parallelism of Korthikanti-style mixture-of-experts"),
         (["--attention", "eager"], "attention: mixture-of-experts phase peaks are derived"),
         (["--recipe", "fp32"], "recipe: mixture-of-experts training is derived for a bf16 forward"),
-        (["--lora-rank", "8"], "lora_rank: LoRA on mixture-of-experts models"),
+        (
+            ["--recipe", "bf16-pure", "--lora-rank", "8", "--lora-targets", "experts"],
+            "lora_targets: adapters on the router or the experts are not in the training",
+        ),
     ],
 )
 def test_refused_setups_one_line_exit_2(
@@ -270,3 +274,15 @@ def test_fewest_gpus_is_a_multiple_of_ep() -> None:
     assert n is not None
     assert n % 8 == 0
     assert estimate(with_changes(setup, gpus=n)).gpu_bytes <= answer.budget.usable
+
+
+def test_selective_recomputation_takes_the_korthikanti_style_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Selective recomputation exists only in Megatron's formulas: the MoE layers come from
+    vrammath.moe_capacity there, not from transformers' grouped experts."""
+    assert main(["estimate", "mixtral-8x7b", "--recompute", "selective", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["setup"]["recompute"] == "selective"
+    assert main(["estimate", "mixtral-8x7b", "--recompute", "selective"]) == 0
+    assert "Korthikanti-style MoE" in capsys.readouterr().out

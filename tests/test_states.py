@@ -25,6 +25,7 @@ ADAM_TOTALS = {
     "autocast-bf16": 16,
     "autocast-fp16": 16,
     "bf16-pure": 8,
+    "deepseek-v3-fp8": 14,  # bf16 weights, fp32 gradients and master, bf16 moments
 }
 
 

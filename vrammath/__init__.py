@@ -7,9 +7,9 @@ an optional extra).
 
 Scope: decoder-only transformers read from their config.json by one reader per ``model_type``
 (:data:`vrammath.readers.READERS`: LLaMA, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo-2, StarCoder2,
-GPT-2, GPT-NeoX, and the mixture-of-experts Mixtral, Qwen2/3-MoE (trained in bf16 with SDPA and
-expert parallelism) and DeepSeek-V3, whose training estimate is refused until its latent
-attention is derived); mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam,
+GPT-2, GPT-NeoX, and the mixture-of-experts Mixtral, Qwen2/3-MoE and DeepSeek-V3 with its
+latent attention (trained in bf16 with SDPA and expert parallelism, or in Korthikanti-style
+layouts with a capacity factor); mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam,
 Adafactor; ZeRO 0-3 / FSDP with CPU offload; tensor, sequence, pipeline and expert parallelism;
 LoRA/QLoRA; serving with the KV cache. Units: bytes inside; GB (1e9) and GiB (2**30) are always labelled.
 

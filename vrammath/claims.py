@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import sympy
 
+from vrammath.adapted import AdaptedLinear
 from vrammath.lora import (
-    AdaptedLinear,
     lora_activation_layer_expr,
     lora_state_exprs,
     lora_values,

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import sympy
 
+from vrammath.adapted import lora_targets
 from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
@@ -32,10 +33,7 @@ from vrammath.fields import Option, options
 from vrammath.fit import fit
 from vrammath.formulas import FORMULAS, formula_exprs
 from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
-from vrammath.lora import (
-    lora_param_count,
-    lora_targets,
-)
+from vrammath.lora import lora_param_count
 from vrammath.parallel import zero_stage
 from vrammath.params import param_count, size_values
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
@@ -134,6 +132,21 @@ def _number(field: str, low: float, high: float, *, open_low: bool, open_high: b
     return parse
 
 
+def _ratio(field: str) -> Any:
+    """A finite number; its bounds are the field's own check (an InputError, exit 2)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 40 else float("nan")
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{field}: must be a number (got {_shown(text)})")
+        return value
+
+    return parse
+
+
 def _add_options(cmd: argparse.ArgumentParser, cls: Any) -> None:
     """One argparse option per declared field of ``cls`` that has a CLI flag."""
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
@@ -151,6 +164,8 @@ def _add_options(cmd: argparse.ArgumentParser, cls: Any) -> None:
         elif opt.kind == "targets":
             kw["type"] = _targets
             kw["default"] = None  # given or not: only with --lora-rank
+        elif opt.kind == "ratio":
+            kw["type"] = _ratio(_label(opt))
         elif opt.kind == "fraction":
             kw["type"] = _number(_label(opt), 0, 1, open_low=True, open_high=False)
         elif opt.choices:

@@ -58,7 +58,7 @@ from vrammath.errors import InputError
 from vrammath.model import ModelSpec
 from vrammath.symbols import E, I_e, I_s, b, h, k_e, s
 
-#: One backward op: (bytes it adds less bytes freed, parameters whose gradients it creates).
+#: One backward op, as the pair (bytes added less bytes freed, parameters whose gradients it makes).
 Step = tuple[sympy.Expr, sympy.Expr]
 
 _Z = sympy.Integer(0)

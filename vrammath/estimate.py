@@ -25,8 +25,10 @@ from functools import cached_property
 
 import sympy
 
+from vrammath.adapted import check_estimated_targets
 from vrammath.errors import InputError
 from vrammath.moe import ep_replica_params, expert_values
+from vrammath.moe_stage import stage_copies
 from vrammath.params import rank_param_count
 from vrammath.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.presets import GPU, gpu
@@ -190,7 +192,8 @@ def _value(expr: sympy.Expr, values: dict[sympy.Symbol, int]) -> int:
     return int(sympy.ceiling(number))
 
 
-def _values(setup: Setup) -> dict[sympy.Symbol, int]:
+def _values(ctx: Context) -> dict[sympy.Symbol, int]:
+    setup = ctx.setup
     values: dict[sympy.Symbol, int] = {
         **state_values(setup.model),
         N_d: setup.gpus,
@@ -200,12 +203,14 @@ def _values(setup: Setup) -> dict[sympy.Symbol, int]:
         p: setup.pp,
         m: setup.chunks,
     }
-    if setup.tp > 1 or setup.pp > 1:
+    if (setup.tp > 1 or setup.pp > 1) and not setup.korthikanti_moe:
         values[P] = rank_param_count(setup.model, setup.tp, setup.pp)
     if setup.lora_rank is not None:
         values[r] = setup.lora_rank
     if setup.model.experts is not None:
         values |= expert_values(setup.model, setup.ep)
+    if setup.korthikanti_moe:  # the busiest pipeline rank of vrammath.moe_layout
+        values |= ctx.moe_values
     return values
 
 
@@ -228,7 +233,10 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
         dim0 = dim0_shard_params(setup.model)
     replica = ep_replica_params() if setup.ep > 1 else None
-    return per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0, replica=replica)
+    out = per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0, replica=replica)
+    copies = stage_copies(setup) if setup.korthikanti_moe else 1
+    # DualPipe: the 2 N_d ranks holding a stage shard its states together
+    return out.xreplace({N_d: copies * N_d}) if copies > 1 else out
 
 
 def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
@@ -258,6 +266,9 @@ def _check_modelled(setup: Setup) -> None:
     from vrammath.setup import PRECISION_OF
 
     spec = setup.model
+    if setup.korthikanti_moe:
+        _check_korthikanti_moe(setup)
+        return
     if spec.experts is not None and spec.model_type not in MOE_ACTIVATION_TYPES:
         raise InputError(
             "model",
@@ -299,9 +310,7 @@ def _check_modelled(setup: Setup) -> None:
             got=setup.activation_model,
         )
     if setup.lora_rank is not None:
-        raise InputError(
-            "lora_rank", "LoRA on mixture-of-experts models is not modelled", got=setup.lora_rank
-        )
+        check_estimated_targets(spec, setup.lora_targets)
     if PRECISION_OF[setup.recipe] != "bf16":
         raise InputError(
             "recipe",
@@ -315,6 +324,48 @@ def _check_modelled(setup: Setup) -> None:
             "attention",
             "mixture-of-experts phase peaks are derived for sdpa only",
             got=setup.attention,
+        )
+
+
+def _check_korthikanti_moe(setup: Setup) -> None:
+    """Refuse what the Korthikanti-style mixture-of-experts path does not describe yet."""
+    from vrammath.setup import PRECISION_OF
+
+    if setup.tp > 1:
+        raise InputError(
+            "tp",
+            "tensor parallelism of Korthikanti-style mixture-of-experts / latent-attention "
+            "stages is not composed yet (vrammath.moe_layout divides MLA's down projections, "
+            "which Megatron-Core replicates); use --tp 1 with --pp and --ep",
+            got=setup.tp,
+        )
+    if setup.recompute == "full":
+        raise InputError(
+            "recompute",
+            "full: the recomputed MoE layer's transient is not in the Korthikanti phase peaks; "
+            "use none or selective (the same here: the policies assume a flash kernel)",
+            got=setup.recompute,
+        )
+    if setup.attention != "sdpa":
+        raise InputError(
+            "attention",
+            "the Korthikanti-style mixture-of-experts policies assume a flash kernel (no "
+            "score-sized tensors); use sdpa",
+            got=setup.attention,
+        )
+    if PRECISION_OF[setup.recipe] not in ("bf16", "fp16"):
+        raise InputError(
+            "recipe",
+            "the Korthikanti-style mixture-of-experts policies keep 16-bit (or FP8) "
+            "activations; use a bf16 or fp16 recipe (deepseek-v3-fp8, bf16-megatron, ...)",
+            got=setup.recipe,
+        )
+    if setup.lora_rank is not None:
+        raise InputError(
+            "lora_rank",
+            "LoRA on the Korthikanti-style mixture-of-experts path is not modelled (the HF-exact "
+            "path estimates it: --activations hf)",
+            got=setup.lora_rank,
         )
 
 
@@ -334,7 +385,12 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
 
     With ``tp`` or ``pp`` above 1, ``P`` stands for the parameters of the fullest
     tensor/pipeline rank (:func:`vrammath.params.rank_param_count`) and the activations are
-    Korthikanti et al.'s first pipeline stage.
+    Korthikanti et al.'s first pipeline stage. A mixture-of-experts or latent-attention model
+    under Korthikanti-style activations (``Setup.korthikanti_moe``) takes the busiest rank of
+    its layout instead (:mod:`vrammath.moe_stage`: ``P``, ``P_e`` of that rank; under DualPipe
+    a sharded row is divided over ``2 N_d``) and the layers of :mod:`vrammath.moe_korthikanti`
+    (capacity factor, imbalance, activation policy); its gradients stay resident beside the
+    activations.
 
     Parameters
     ==========
@@ -344,8 +400,8 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
     _check_modelled(setup)
-    values = _values(setup)
     ctx = Context(setup)
+    values = _values(ctx)
     built: list[tuple[Term, sympy.Expr]] = []
     comps: list[Component] = []
     for term in terms:
@@ -367,7 +423,11 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
             )
     groups = _groups(built)
     if setup.activation_formula == "korthikanti":
-        phases = korthikanti_phase_peaks(groups, iteration=ctx.iteration)
+        # Megatron-Core's persistent fp32 gradient buffer, into which the micro-batches of a
+        # pipeline accumulate, is kept beside the activations on the MoE path
+        phases = korthikanti_phase_peaks(
+            groups, iteration=ctx.iteration, gradients_resident=setup.korthikanti_moe
+        )
     else:
         phases = hf_phase_peaks(
             setup.model,

@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 import sympy
 
+from vrammath.activation_parts import Schedule
 from vrammath.activations import activation_exprs, hf_logits_loss_terms
 from vrammath.errors import InputError
 from vrammath.estimate import estimate
@@ -29,7 +30,6 @@ from vrammath.vocab import (
     PRECISION_OF,
     RECIPE_NAMES,
     RECOMPUTES,
-    SCHEDULES,
     Attention,
     Implementation,
     Optimizer,
@@ -37,6 +37,9 @@ from vrammath.vocab import (
     Recipe,
     check,
 )
+
+# Korthikanti's own schedules (DualPipe is the mixture-of-experts layouts')
+KORTHIKANTI_SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
 
 Formula = Literal[
     "params",
@@ -100,7 +103,7 @@ def formula_exprs(
                 out[f"korthikanti layer, parallel {parallel}, recompute {recompute}"] = (
                     korthikanti_layer_bytes(parallel, recompute)
                 )
-        for schedule in SCHEDULES:
+        for schedule in KORTHIKANTI_SCHEDULES:
             out[f"korthikanti first pipeline stage, tp_sp, {schedule}"] = (
                 korthikanti_first_stage_bytes("tp_sp", "none", schedule=schedule)
             )

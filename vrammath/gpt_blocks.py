@@ -67,7 +67,7 @@ def gpt2_layer_terms(
     * ``scores`` -- eager: the softmax output (c as^2b) and, with ``attn_pdrop`` > 0, the
       dropout mask and the dropped-out probabilities, (2c + M) as^2b; SDPA (flash, CUDA): the
       log-sum-exp, 4asb; SDPA on a CPU with ``attn_pdrop`` > 0 runs the math kernel
-      (:func:`~vrammath.activation_parts._math_kernel_dropout_kept`: fp32 Q, K, V and 12 as^2b).
+      (``activation_parts._math_kernel_dropout_kept``: fp32 Q, K, V and 12 as^2b).
     * ``output`` -- the merged heads (``c_proj``'s input, c sbh) and, with ``resid_pdrop`` > 0,
       the residual dropout mask.
     * ``mlp`` -- the GeLU's kept tensors (:data:`GELU_KEPT`), its output (``c_proj``'s input) and,

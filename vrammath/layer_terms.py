@@ -81,7 +81,7 @@ def hf_layer_terms(
     Dropout on the probabilities (``attention_dropout`` > 0) keeps, in eager attention, the
     dropout's mask and the dropped-out probabilities the matmul with V reads; SDPA applies it
     inside the kernel on CUDA (the log-sum-exp only) and runs the math kernel on a CPU
-    (:func:`~vrammath.activation_parts._math_kernel_dropout_kept`). StarCoder2's residual
+    (``activation_parts._math_kernel_dropout_kept``). StarCoder2's residual
     dropouts keep a mask each (c bytes per element on a CPU, one on CUDA).
 
     ``sliding=True`` gives a layer of a sliding window of w tokens (:func:`window_reached`). Eager

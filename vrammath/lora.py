@@ -7,11 +7,10 @@ master copy and no optimizer states; only the adapters do. QLoRA (Dettmers et al
 frozen linear weights in NF4 (:mod:`vrammath.quant`) and pages the optimizer states to the CPU
 under memory pressure; :func:`lora_terms` composes both into the terms of one fine-tuning setup.
 
-Adapter targets are named by what they adapt: ``q``, ``k``, ``v``, ``o`` (attention projections,
-k and v GQA-shaped ``a_kv d``), ``gate``, ``up``, ``down`` (MLP), and ``qkv``, ``gate_up`` where an
-architecture fuses them into one module (Phi-3, GPT-2's ``c_attn``, GPT-NeoX's
-``query_key_value``): each architecture has its own (:func:`target_modules`), as peft adapts the
-modules the model has.
+Adapter targets are named by what they adapt (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
+``down``; ``qkv``, ``gate_up`` where an architecture fuses them; ``router`` and ``experts`` on
+mixture-of-experts models): :mod:`vrammath.adapted` says what each name adapts in a given model,
+as peft does it.
 
 Examples
 ========
@@ -41,54 +40,14 @@ from dataclasses import dataclass
 
 import sympy
 
+from vrammath.adapted import AdaptedLinear, adapted_linears, adapter_tensors, lora_targets
 from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
-from vrammath.params import Tensor, param_count, size_values
+from vrammath.params import param_count, size_values
 from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
 from vrammath.states import IMPLEMENTATIONS, recipe, tensor_optimizer_expr
-from vrammath.symbols import I, L, P, a, a_kv, b, d, h, r, s
+from vrammath.symbols import L, P, b, r, s
 
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-"""The LLaMA-style targets (separate projections); the full vocabulary is :data:`ALL_TARGETS`."""
-ALL_TARGETS = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
-"""Every logical target: ``qkv`` and ``gate_up`` are the fused projections (Phi-3's
-``qkv_proj`` and ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's ``query_key_value``)."""
-TARGET_GROUPS: dict[str, tuple[str, ...]] = {
-    "all-linear": ALL_TARGETS,
-    "attention": ("q", "k", "v", "qkv", "o"),
-    "mlp": ("gate", "up", "gate_up", "down"),
-}
-"""Groups, resolved per architecture to the targets it has (peft's ``all-linear``: every linear
-of the decoder layers, not the LM head)."""
-MODULE_NAMES: tuple[str, ...] = (
-    "c_attn",
-    "c_proj",
-    "c_fc",
-    "query_key_value",
-    "dense",
-    "dense_h_to_4h",
-    "dense_4h_to_h",
-)
-"""transformers' module names of the GPT blocks, accepted as targets (``*_proj`` names are read
-as their target: ``q_proj`` is ``q``). ``c_proj`` names GPT-2's attention output *and* its MLP's
-down projection (peft matches both), StarCoder2's MLP down projection only."""
-HF_MODULES = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-}
-FUSED_MODULES = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
-_GPT2_MODULES = {"qkv": "attn.c_attn", "o": "attn.c_proj", "up": "mlp.c_fc", "down": "mlp.c_proj"}
-_NEOX_MODULES = {
-    "qkv": "attention.query_key_value",
-    "o": "attention.dense",
-    "up": "mlp.dense_h_to_4h",
-    "down": "mlp.dense_4h_to_h",
-}
 ADAPTER_DTYPES = ("fp32", "recipe")
 
 # Which tensor each target reads: adapters on the same input share it when nothing copies it.
@@ -103,169 +62,6 @@ _INPUT_OF = {
     "qkv": "attn_in",
     "gate_up": "mlp_in",
 }
-
-
-def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
-    """Validated adapter targets in canonical order, from ``"q,v"``, ``"all-linear"`` or a list.
-
-    Names from :data:`ALL_TARGETS`, the groups of :data:`TARGET_GROUPS` (kept as groups: each
-    architecture resolves them to what it has) and transformers' module names (``q_proj`` is
-    read as ``q``; the GPT blocks' :data:`MODULE_NAMES` are kept as given). Whether a model has
-    a target is checked by :func:`adapted_linears`.
-
-    >>> lora_targets("v,q_proj")
-    ('q', 'v')
-    >>> lora_targets("mlp,all-linear,qkv_proj")
-    ('all-linear', 'mlp', 'qkv')
-    >>> lora_targets("q,x")
-    Traceback (most recent call last):
-    ...
-    vrammath.errors.InputError: lora_targets: must be one of q, k, v, qkv, o, gate, up, gate_up, down, all-linear, attention, mlp, c_attn, c_proj, c_fc, query_key_value, dense, dense_h_to_4h, dense_4h_to_h (got 'x')
-    >>> lora_targets(None)
-    Traceback (most recent call last):
-    ...
-    vrammath.errors.InputError: lora_targets: must be text or a list of names from q, k, v, qkv, o, gate, up, gate_up, down, all-linear, attention, mlp, c_attn, c_proj, c_fc, query_key_value, dense, dense_h_to_4h, dense_4h_to_h (got None)
-    """
-    allowed = (*ALL_TARGETS, *TARGET_GROUPS, *MODULE_NAMES)
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
-        raise InputError(
-            "lora_targets", "must be text or a list of names from " + ", ".join(allowed), got=value
-        )
-    names: list[str] = []
-    for item in items:
-        for raw in str(item).split(","):
-            name = raw.strip()
-            if name not in MODULE_NAMES:
-                name = name.removesuffix("_proj")
-            if name not in allowed:
-                raise one_of("lora_targets", raw.strip(), allowed)
-            names.append(name)
-    if not names:
-        raise InputError("lora_targets", "must name at least one of " + ", ".join(allowed), got="")
-    order = (*TARGET_GROUPS, *ALL_TARGETS, *MODULE_NAMES)
-    return tuple(t for t in order if t in names)
-
-
-@dataclass(frozen=True)
-class AdaptedLinear:
-    """One adapted projection kind: its target name, HF module, sizes and multiplicity."""
-
-    target: str
-    module: str
-    in_features: sympy.Expr
-    out_features: sympy.Expr
-    count: sympy.Expr
-
-    @property
-    def lora_a(self) -> Tensor:
-        """``lora_A.weight``: (r, in)."""
-        return Tensor(f"{self.module}.lora_A.weight", (r, self.in_features), self.count, "adapter")
-
-    @property
-    def lora_b(self) -> Tensor:
-        """``lora_B.weight``: (out, r)."""
-        return Tensor(f"{self.module}.lora_B.weight", (self.out_features, r), self.count, "adapter")
-
-    @property
-    def params(self) -> sympy.Expr:
-        """Trainable parameters of one such module, r (in + out)."""
-        return r * (self.in_features + self.out_features)
-
-
-_SHAPES: dict[str, tuple[sympy.Expr, sympy.Expr]] = {
-    "q": (h, a * d),
-    "k": (h, a_kv * d),
-    "v": (h, a_kv * d),
-    "qkv": (h, (a + 2 * a_kv) * d),
-    "o": (a * d, h),
-    "gate": (h, I),
-    "up": (h, I),
-    "gate_up": (h, 2 * I),
-    "down": (I, h),
-}
-
-
-def target_modules(spec: ModelSpec) -> dict[str, str]:
-    """The targets ``spec`` has, each with its transformers module, in :data:`ALL_TARGETS` order.
-
-    LLaMA-style layers have q, k, v, o, gate, up, down; Phi-3 fuses ``qkv_proj`` and
-    ``gate_up_proj``; StarCoder2's plain MLP is ``c_fc`` (up) and ``c_proj`` (down); GPT-2's
-    block is ``c_attn`` (q, k and v in one Conv1D), ``attn.c_proj``, ``mlp.c_fc``,
-    ``mlp.c_proj``; GPT-NeoX's ``query_key_value``, ``dense``, ``dense_h_to_4h``,
-    ``dense_4h_to_h``.
-
-    >>> from vrammath.presets import load_model
-    >>> target_modules(load_model("gpt-neox-20b"))["qkv"]
-    'attention.query_key_value'
-    >>> list(target_modules(load_model("phi-3-mini")))
-    ['qkv', 'o', 'gate_up', 'down']
-    """
-    if spec.attention.fused_qkv:
-        return dict(_GPT2_MODULES if spec.embeddings.learned_positions else _NEOX_MODULES)
-    if spec.attention.fused_qkv_linear:
-        out = {"qkv": FUSED_MODULES["qkv"], "o": HF_MODULES["o"]}
-    else:
-        out = {t: HF_MODULES[t] for t in ("q", "k", "v", "o")}
-    if not spec.mlp.gated:
-        out.update({"up": "mlp.c_fc", "down": "mlp.c_proj"})
-    elif spec.mlp.fused_gate_up:
-        out.update({"gate_up": FUSED_MODULES["gate_up"], "down": HF_MODULES["down"]})
-    else:
-        out.update({t: HF_MODULES[t] for t in ("gate", "up", "down")})
-    return out
-
-
-def allowed_targets(spec: ModelSpec) -> tuple[str, ...]:
-    """The names :func:`adapted_linears` accepts for ``spec``: its targets, the module names
-    that are not ``<target>_proj``, and the groups.
-
-    >>> from vrammath.presets import load_model
-    >>> allowed_targets(load_model("gpt2"))
-    ('qkv', 'o', 'up', 'down', 'c_attn', 'c_proj', 'c_fc', 'all-linear', 'attention', 'mlp')
-    """
-    mods = target_modules(spec)
-    names = [m.split(".")[-1] for m in mods.values()]
-    extra = [n for t, n in zip(mods, names, strict=True) if n != f"{t}_proj"]
-    return (*mods, *dict.fromkeys(extra), *TARGET_GROUPS)
-
-
-def adapted_linears(spec: ModelSpec, targets: str | Sequence[str]) -> list[AdaptedLinear]:
-    """The projections LoRA adapts in ``spec`` for ``targets``, with symbolic in/out sizes.
-
-    Each architecture has its own targets (:func:`target_modules`): a name it does not have is
-    refused, naming the ones it has, as peft refuses a module name it cannot find. Groups take
-    what the architecture has (``all-linear`` on Phi-3: qkv, o, gate_up, down).
-
-    >>> from vrammath.presets import load_model
-    >>> [(m.target, m.out_features) for m in adapted_linears(load_model("qwen2-72b"), "k,v")]
-    [('k', a_kv*d), ('v', a_kv*d)]
-    >>> [(m.module, m.out_features) for m in adapted_linears(load_model("phi-3-mini"), "qkv,mlp")]
-    [('self_attn.qkv_proj', d*(a + 2*a_kv)), ('mlp.gate_up_proj', 2*I), ('mlp.down_proj', h)]
-    >>> adapted_linears(load_model("phi-3-mini"), "q")
-    Traceback (most recent call last):
-    ...
-    vrammath.errors.InputError: lora_targets: must be one of qkv, o, gate_up, down, all-linear, attention, mlp for phi3 (got 'q')
-    """
-    mods = target_modules(spec)
-    chosen: set[str] = set()
-    for name in lora_targets(targets):
-        if name in TARGET_GROUPS:
-            found = [t for t in mods if t in TARGET_GROUPS[name]]
-        else:
-            found = [t for t, m in mods.items() if name in (t, m.split(".")[-1])]
-        if not found:
-            allowed = ", ".join(allowed_targets(spec))
-            raise InputError(
-                "lora_targets", f"must be one of {allowed} for {spec.model_type}", got=name
-            )
-        chosen.update(found)
-    return [AdaptedLinear(t, m, *_SHAPES[t], L) for t, m in mods.items() if t in chosen]
-
-
-def adapter_tensors(spec: ModelSpec, targets: str | Sequence[str]) -> list[Tensor]:
-    """Every adapter tensor (``lora_A`` and ``lora_B`` of each adapted module), shapes in r."""
-    return [t for m in adapted_linears(spec, targets) for t in (m.lora_a, m.lora_b)]
 
 
 def lora_param_expr(spec: ModelSpec, targets: str | Sequence[str] = ("q", "v")) -> sympy.Expr:
@@ -395,17 +191,57 @@ def lora_activation_layer_expr(
     """
     copies = dropout or input_bytes != adapter_bytes
     per_input = 0 if copies else input_bytes
-    shared: dict[str, sympy.Expr] = {}
+    shared: dict[tuple[str, sympy.Expr], sympy.Expr] = {}
     total = sympy.Integer(0)
     for m in adapted_linears(spec, targets):
-        total += adapter_bytes * b * s * r
+        share = m.count / L  # a module only some layers have (MoE layers: L_e of L)
+        if m.wraps_parameter:
+            if dropout:
+                raise InputError(
+                    "lora_dropout",
+                    "must be off for adapters on router/experts "
+                    "(peft's ParamWrapper refuses dropout)",
+                    got=True,
+                )
+            total += share * _wrapped_bytes(spec, m, input_bytes, adapter_bytes)
+            continue
+        total += share * adapter_bytes * b * s * m.inner
         if copies:
             mask = dropout_mask_bytes if dropout else 0
-            total += (adapter_bytes + mask) * b * s * m.in_features
+            total += share * (adapter_bytes + mask) * b * s * m.in_features
         else:
-            shared[_INPUT_OF[m.target]] = per_input * b * s * m.in_features
+            key = (_INPUT_OF.get(m.target, m.module), m.count)
+            shared[key] = share * per_input * b * s * m.in_features
     total += sum(shared.values(), sympy.Integer(0))
     return sympy.expand(total)
+
+
+def _wrapped_bytes(
+    spec: ModelSpec, m: AdaptedLinear, input_bytes: int, adapter_bytes: int
+) -> sympy.Expr:
+    """Bytes one MoE layer keeps for an adapted parameter (peft's ``ParamWrapper``).
+
+    peft adds the adapter to the weight itself for the forward pass (``W + s B A`` through
+    ``torch.nn.utils.parametrize``), so the merged weight (in the parameter's dtype) is what the
+    matmul keeps, and the matmul now keeps its input too, since its weight needs a gradient:
+
+    * router: merged ``(E, h)`` weight and the input ``b s h`` (fp32 both where the router
+      computes in fp32, DeepSeek-V3);
+    * experts: the merged ``(E, out, in)`` weight, the factors ``A``, ``B`` cast to the
+      weight's dtype (``baddbmm``'s operands), and the grouped matmul's input rows ``b s k``.
+    """
+    ex = spec.experts
+    assert ex is not None
+    if m.target == "router":
+        width = 4 if ex.router_fp32 else input_bytes
+        return width * m.in_features * m.out_features + width * b * s * m.in_features
+    casts = input_bytes if input_bytes != adapter_bytes else 0
+    rows = b * s * ex.top_k
+    return (
+        input_bytes * m.experts * m.in_features * m.out_features
+        + casts * m.inner * (m.in_features + m.out_features)
+        + input_bytes * rows * m.in_features
+    )
 
 
 @dataclass(frozen=True)
@@ -524,24 +360,12 @@ def lora_terms(
 
 __all__ = [
     "ADAPTER_DTYPES",
-    "ALL_TARGETS",
-    "FUSED_MODULES",
-    "HF_MODULES",
-    "LORA_TARGETS",
-    "MODULE_NAMES",
-    "TARGET_GROUPS",
-    "AdaptedLinear",
     "Term",
-    "adapted_linears",
-    "adapter_tensors",
-    "allowed_targets",
     "lora_activation_layer_expr",
     "lora_param_count",
     "lora_param_expr",
     "lora_state_exprs",
     "lora_step_temp_expr",
-    "lora_targets",
     "lora_terms",
     "lora_values",
-    "target_modules",
 ]

@@ -98,6 +98,8 @@ from vrammath.activation_parts import PARALLEL, Number, Parallel, _check, _numbe
 from vrammath.errors import InputError
 from vrammath.symbols import E, I, I_e, I_s, b, h, k_e, s, t
 
+#: A capacity factor or an imbalance, as a number (floats read as their shortest fraction) or
+#: as a sympy expression (a symbol such as ``c_f``).
 Ratio: TypeAlias = int | float | sympy.Expr
 
 
@@ -310,6 +312,7 @@ def check_capacity(capacity_factor: object, imbalance: object) -> None:
 
 
 __all__ = [
+    "Ratio",
     "check_capacity",
     "dense_mlp_terms",
     "expert_capacity",

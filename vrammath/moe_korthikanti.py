@@ -1,5 +1,5 @@
-"""Per-GPU memory of a mixture-of-experts training layout: Korthikanti-style activations composed
-with the layout's model states, and DeepSeek-V3 on 2,048 H800s.
+"""Per-GPU memory of a mixture-of-experts training layout: Korthikanti-style activations of
+mixture-of-experts and latent-attention layers, and DeepSeek-V3 on 2,048 H800s.
 
 Explanation
 ===========
@@ -29,7 +29,18 @@ kernel (no ``a s^2 b`` tensors, Korthikanti's selective recomputation), or DeepS
 recomputed; GEMM inputs cached in FP8, the attention output projection's in E5M6), with the
 routing weights applied inside the experts' activation as Megatron-Core's grouped experts do
 (the report does not say where its combine takes them; keeping the experts' outputs instead adds
-``2 B s b k h`` per MoE layer).
+``2 B s b k h`` per MoE layer: the policy ``deepseek-v3-outputs-kept``).
+
+This module composes nothing itself. :func:`vrammath.estimate.estimate` is the one composition:
+for a setup with ``Setup.korthikanti_moe`` the ``activations`` row of
+:data:`vrammath.terms.TERMS` is :func:`layout_activation_exprs`' ``layers`` and its
+``logits_loss`` row the ``head``; the state rows hold ``P`` of the busiest pipeline rank
+(:func:`vrammath.moe_stage.busiest_rank`, :func:`vrammath.moe_stage.rank_values`) at the
+recipe's widths, a sharded row over ``2 N_d`` ranks under DualPipe
+(:func:`vrammath.moe_stage.stage_copies`), and the gradients stay resident beside the
+activations (:func:`vrammath.peak.korthikanti_phase_peaks`). The layout
+functions below (:func:`layout_memory`, :func:`deepseek_v3_training_memory`) build that
+:class:`~vrammath.setup.Setup` (:func:`layout_setup`) and read the estimate.
 
 Examples
 ========
@@ -49,12 +60,13 @@ References
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import sympy
 
 from vrammath.activation_parts import Parallel, Recompute
-from vrammath.errors import positive_int
+from vrammath.errors import InputError, positive_int
 from vrammath.korthikanti import korthikanti_extra_terms, korthikanti_layer_terms
 from vrammath.latent_korthikanti import mla_attention_terms
 from vrammath.model import ModelSpec
@@ -64,12 +76,22 @@ from vrammath.moe_layout import (
     Layout,
     RankParams,
     check_layout,
-    layout_state_bytes,
 )
 from vrammath.params import size_values
 from vrammath.presets import load_model
 from vrammath.states import Recipe, recipe
 from vrammath.symbols import b, h, k_e, s, t
+from vrammath.vocab import (
+    ACTIVATION_POLICY_NAMES,
+    OPTIMIZERS,
+    RECIPE_NAMES,
+    SCHEDULES,
+    check,
+)
+
+if TYPE_CHECKING:
+    from vrammath.estimate import Estimate
+    from vrammath.setup import Setup
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,37 @@ DEEPSEEK_V3_POLICY = ActivationPolicy(
     recompute_swiglu=True,
     weights_in_activation=True,
 )
+#: DeepSeek-V3's policy with the experts' outputs kept for the combine (the routing weights
+#: applied after the experts: ``2 B s b k h`` more per MoE layer).
+DEEPSEEK_V3_OUTPUTS_KEPT = replace(
+    DEEPSEEK_V3_POLICY, name="deepseek-v3-outputs-kept", weights_in_activation=False
+)
+#: The named policies, what ``Setup.activation_policy`` selects.
+POLICIES: dict[str, ActivationPolicy] = {
+    x.name: x for x in (BF16_FLASH, DEEPSEEK_V3_POLICY, DEEPSEEK_V3_OUTPUTS_KEPT)
+}
+
+
+def policy_name(policy: ActivationPolicy | str) -> str:
+    """The name under which ``policy`` is registered in :data:`POLICIES` (a policy equal to a
+    named one but for its name counts as that one).
+
+    >>> policy_name(replace(DEEPSEEK_V3_POLICY, name="mine"))
+    'deepseek-v3'
+    >>> policy_name(replace(BF16_FLASH, activation_bytes=4))
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: policy: must be one of the named policies bf16-flash, deepseek-v3, deepseek-v3-outputs-kept (got 'bf16-flash')
+    """
+    allowed = "must be one of the named policies " + ", ".join(POLICIES)
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise InputError("policy", allowed, got=policy)
+        return policy
+    for name, known in POLICIES.items():
+        if replace(known, name=policy.name) == policy:
+            return name
+    raise InputError("policy", allowed, got=policy.name)
 
 
 def moe_layer_exprs(
@@ -190,6 +243,50 @@ def _numbers(
     return {**size_values(spec), **top_k, b: micro_batch, s: seq_len, t: layout.tp}
 
 
+def layout_activation_exprs(
+    spec: ModelSpec,
+    layout: Layout,
+    policy: ActivationPolicy = BF16_FLASH,
+    *,
+    capacity_factor: Ratio | None = None,
+    imbalance: Ratio = 1,
+    pad: bool = True,
+    head_on_rank: bool = True,
+) -> dict[str, sympy.Expr]:
+    """Activation bytes on one rank as expressions (the module's Explanation): ``layers``
+    (``f / p`` times the per-micro-batch sum over the layers) and, when ``head_on_rank``,
+    ``head`` (the final norm, output-layer input and fp32 logits of one micro-batch, main and
+    MTP heads). What :func:`vrammath.estimate.estimate` builds for a mixture-of-experts or
+    latent-attention setup under Korthikanti-style activations.
+
+    >>> from vrammath.presets import load_model
+    >>> exprs = layout_activation_exprs(load_model("mixtral-8x7b"), Layout(16, pp=2, ep=8))
+    >>> exprs["head"]
+    4*V*b*s/t + 4*b*h*s/t
+    """
+    per_layer = moe_layer_exprs(
+        spec,
+        "tp_sp" if layout.tp > 1 else "none",
+        policy,
+        capacity_factor=capacity_factor,
+        imbalance=imbalance,
+        pad=pad,
+    )
+    counts = layer_counts(spec)
+    all_layers = sum((counts[k] * per_layer[k] for k in counts), sympy.Integer(0))
+    in_flight = layout.pp + 1 if layout.schedule == "dualpipe" else layout.pp
+    out = {"layers": sympy.Rational(in_flight, layout.pp) * all_layers}
+    if head_on_rank:
+        extra = korthikanti_extra_terms(
+            "tp_sp",
+            last_stage_on_first=True,
+            activation_bytes=policy.activation_bytes,
+            dropout_mask_bytes=0,
+        )
+        out["head"] = (1 + spec.mtp_layers) * sum(extra.values(), sympy.Integer(0))
+    return out
+
+
 def layout_activation_bytes(
     spec: ModelSpec,
     layout: Layout,
@@ -202,9 +299,7 @@ def layout_activation_bytes(
     pad: bool = True,
     head_on_rank: bool = True,
 ) -> dict[str, int]:
-    """Activation bytes on one rank (the module's Explanation): ``layers`` (``f / p`` times the
-    per-micro-batch sum over the layers) and ``head`` (the final norm, output-layer input and
-    fp32 logits of one micro-batch, main and MTP heads, when ``head_on_rank``).
+    """:func:`layout_activation_exprs` evaluated (each part rounded up).
 
     >>> from vrammath.presets import load_model
     >>> acts = layout_activation_bytes(load_model("mixtral-8x7b"), Layout(8, ep=8), 1, 4096)
@@ -215,35 +310,23 @@ def layout_activation_bytes(
     positive_int("micro_batch", micro_batch)
     positive_int("seq_len", seq_len)
     values = _numbers(spec, layout, micro_batch, seq_len)
-    per_layer = moe_layer_exprs(
+    exprs = layout_activation_exprs(
         spec,
-        "tp_sp" if layout.tp > 1 else "none",
+        layout,
         policy,
         capacity_factor=capacity_factor,
         imbalance=imbalance,
         pad=pad,
+        head_on_rank=head_on_rank,
     )
-    counts = layer_counts(spec)
-    all_layers = sum(counts[k] * per_layer[k] for k in counts)
-    in_flight = layout.pp + 1 if layout.schedule == "dualpipe" else layout.pp
-    layers = sympy.Rational(in_flight, layout.pp) * all_layers
-    out = {"layers": int(sympy.ceiling(layers.xreplace(values)))}
-    if head_on_rank:
-        extra = korthikanti_extra_terms(
-            "tp_sp",
-            last_stage_on_first=True,
-            activation_bytes=policy.activation_bytes,
-            dropout_mask_bytes=0,
-        )
-        head_expr = (1 + spec.mtp_layers) * sum(extra.values(), sympy.Integer(0))
-        out["head"] = int(sympy.ceiling(head_expr.xreplace(values)))
-    return out
+    return {k: int(sympy.ceiling(e.xreplace(values))) for k, e in exprs.items()}
 
 
 @dataclass(frozen=True)
 class LayoutMemory:
     """Per-GPU memory of the busiest rank of a layout: its parameters, model states and
-    activations (bytes), with the assumptions that produced them."""
+    activations (bytes), with the assumptions that produced them and the
+    :class:`~vrammath.estimate.Estimate` they are read from."""
 
     spec: ModelSpec
     layout: Layout
@@ -254,11 +337,62 @@ class LayoutMemory:
     rank: RankParams
     states: dict[str, int]
     activations: dict[str, int]
+    estimate: Estimate
 
     @property
     def total(self) -> int:
-        """Model states plus activations, bytes."""
+        """Model states plus activations, bytes (each part rounded up)."""
         return sum(self.states.values()) + sum(self.activations.values())
+
+
+def layout_setup(
+    spec: ModelSpec,
+    layout: Layout,
+    recipe_name: Recipe | str = "bf16-mixed",
+    optimizer: str = "adamw",
+    *,
+    micro_batch: int = 1,
+    seq_len: int = 4096,
+    policy: ActivationPolicy | str = BF16_FLASH,
+    capacity_factor: Ratio | None = None,
+    imbalance: Ratio = 1,
+) -> Setup:
+    """The :class:`~vrammath.setup.Setup` of a layout: Korthikanti-style activations, the data
+    parallel group as ``gpus``, sequence parallelism with tensor parallelism (Megatron-Core
+    requires it for MoE), capacity buffers padded.
+
+    >>> from vrammath.presets import load_model
+    >>> setup = layout_setup(load_model("mixtral-8x7b"), Layout(64, pp=4, ep=8))
+    >>> setup.gpus, setup.pp, setup.ep, setup.activation_formula, setup.policy
+    (16, 4, 8, 'korthikanti', 'bf16-flash')
+    """
+    from vrammath.setup import Setup
+
+    check_layout(spec, layout)  # the layout's own names first
+    name = recipe_name.name if isinstance(recipe_name, Recipe) else recipe_name
+    if isinstance(recipe_name, Recipe) and recipe(name) != recipe_name:
+        raise InputError("recipe", "must be a named recipe of vrammath.states.RECIPES", got=name)
+    for field, value in (("capacity_factor", capacity_factor), ("imbalance", imbalance)):
+        if isinstance(value, sympy.Expr) and not value.is_number:
+            raise InputError(field, "must be a number for an estimate", got=str(value))
+    return Setup(
+        spec,
+        recipe=check("recipe", name, RECIPE_NAMES),
+        optimizer=check("optimizer", optimizer, OPTIMIZERS),
+        zero=layout.zero,
+        gpus=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        ep=layout.ep,
+        sp=layout.tp > 1,
+        schedule=check("schedule", layout.schedule, SCHEDULES),
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        activation_model="korthikanti",
+        capacity_factor=None if capacity_factor is None else float(capacity_factor),
+        imbalance=float(imbalance),
+        activation_policy=check("activation_policy", policy_name(policy), ACTIVATION_POLICY_NAMES),
+    )
 
 
 def layout_memory(
@@ -269,34 +403,51 @@ def layout_memory(
     *,
     micro_batch: int = 1,
     seq_len: int = 4096,
-    policy: ActivationPolicy = BF16_FLASH,
+    policy: ActivationPolicy | str = BF16_FLASH,
     capacity_factor: Ratio | None = None,
     imbalance: Ratio = 1,
-    pad: bool = True,
 ) -> LayoutMemory:
-    """The busiest rank's model states (:func:`vrammath.moe_layout.layout_state_bytes`) and
-    activations (:func:`layout_activation_bytes`, with the head when that rank holds the last
-    stage).
+    """The busiest rank's model states and activations, read from
+    :func:`vrammath.estimate.estimate` of :func:`layout_setup` (the one composition).
 
     >>> from vrammath.presets import load_model
     >>> mem = layout_memory(load_model("mixtral-8x7b"), Layout(64, pp=4, ep=8))
     >>> mem.rank.stages, round(mem.total / 2**30, 1)
     ((3,), 48.7)
     """
-    rank, states = layout_state_bytes(spec, layout, recipe_name, optimizer)
-    acts = layout_activation_bytes(
+    from vrammath.estimate import estimate
+
+    setup = layout_setup(
         spec,
         layout,
-        micro_batch,
-        seq_len,
-        policy,
+        recipe_name,
+        optimizer,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        policy=policy,
         capacity_factor=capacity_factor,
         imbalance=imbalance,
-        pad=pad,
-        head_on_rank=layout.pp - 1 in rank.stages,
     )
-    rec = recipe_name if isinstance(recipe_name, Recipe) else recipe(recipe_name)
-    return LayoutMemory(spec, layout, rec, policy, micro_batch, seq_len, rank, states, acts)
+    est = estimate(setup)
+    from vrammath.moe_stage import busiest_rank
+
+    keys = {c.key: c.bytes for c in est.components}
+    states = {k: keys.get(k) or 0 for k in ("weights", "gradients", "master", "optimizer")}
+    acts = {"layers": keys["activations"] or 0}
+    if "logits_loss" in keys:
+        acts["head"] = keys["logits_loss"] or 0
+    return LayoutMemory(
+        spec,
+        layout,
+        recipe(setup.recipe),
+        POLICIES[setup.policy],
+        micro_batch,
+        seq_len,
+        busiest_rank(setup),
+        states,
+        acts,
+        est,
+    )
 
 
 #: The published training layout of DeepSeek-V3 (report Section 3.2), 2,048 H800s with 16-way
@@ -308,7 +459,7 @@ DEEPSEEK_V3_LAYOUT = Layout(2048, pp=16, tp=1, ep=64, zero=1, schedule="dualpipe
 def deepseek_v3_training_memory(
     micro_batch: int = 1,
     seq_len: int = 4096,
-    policy: ActivationPolicy = DEEPSEEK_V3_POLICY,
+    policy: ActivationPolicy | str = DEEPSEEK_V3_POLICY,
     *,
     capacity_factor: Ratio | None = None,
     imbalance: Ratio = 1,
@@ -340,19 +491,23 @@ def deepseek_v3_training_memory(
         policy=policy,
         capacity_factor=capacity_factor,
         imbalance=imbalance,
-        pad=True,
     )
 
 
 __all__ = [
     "BF16_FLASH",
     "DEEPSEEK_V3_LAYOUT",
+    "DEEPSEEK_V3_OUTPUTS_KEPT",
     "DEEPSEEK_V3_POLICY",
+    "POLICIES",
     "ActivationPolicy",
     "LayoutMemory",
     "deepseek_v3_training_memory",
     "layer_counts",
     "layout_activation_bytes",
+    "layout_activation_exprs",
     "layout_memory",
+    "layout_setup",
     "moe_layer_exprs",
+    "policy_name",
 ]

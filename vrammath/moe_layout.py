@@ -61,7 +61,7 @@ from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
 from vrammath.moe import check_ep, mtp_param_count
 from vrammath.parallel import zero_stage
-from vrammath.params import Tensor, size_values, tensors
+from vrammath.params import Tensor, rank_share, size_values, tensors
 from vrammath.states import Recipe, recipe
 from vrammath.symbols import L, L_e, N_d, P, P_e, n_ep, p, t
 
@@ -72,16 +72,9 @@ SHARDED_FROM = {"weights": 3, "gradients": 2, "master": 1, "optimizer": 1}
 STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 
 #: The precision of DeepSeek-V3 (report Section 3.3), bf16 weights for compute (FP8 made per
-#: GEMM), fp32 gradients and master weights, AdamW moments in bf16.
-DEEPSEEK_V3_RECIPE = Recipe(
-    "deepseek-v3-fp8",
-    2,
-    4,
-    4,
-    2,
-    "fp8",
-    "bf16 weights (FP8 GEMMs), fp32 gradients and master weights, bf16 AdamW moments",
-)
+#: GEMM), fp32 gradients and master weights, AdamW moments in bf16: the recipe
+#: ``deepseek-v3-fp8`` of :data:`vrammath.states.RECIPES`.
+DEEPSEEK_V3_RECIPE = recipe("deepseek-v3-fp8")
 
 
 @dataclass(frozen=True)
@@ -149,7 +142,13 @@ def _recipe(value: Recipe | str) -> Recipe:
     return value if isinstance(value, Recipe) else recipe(value)
 
 
-def _widths(rec: Recipe, optimizer: str) -> dict[str, int]:
+def state_widths(rec: Recipe, optimizer: str) -> dict[str, int]:
+    """Bytes per parameter of each model state on a layout: every parameter at the recipe's
+    width (no fp32 exceptions), full-size optimizer states only.
+
+    >>> state_widths(DEEPSEEK_V3_RECIPE, "adamw")
+    {'weights': 2, 'gradients': 4, 'master': 4, 'optimizer': 4}
+    """
     if optimizer not in STATE_TENSORS:
         raise InputError(
             "optimizer",
@@ -177,7 +176,7 @@ def layout_state_exprs(
     >>> layout_state_exprs("bf16-mixed", "adamw", zero=0)["master"]
     4*P/(p*t) - 4*P_e/(p*t) + 4*P_e/(n_ep*p*t)
     """
-    widths = _widths(_recipe(recipe_name), optimizer)
+    widths = state_widths(_recipe(recipe_name), optimizer)
     stage = zero_stage(zero)
     held = copies * ((P - P_e) / (p * t) + P_e / (p * t * n_ep))
     sharded = P / (p * t * N_d)  # copies stages, each sharded over copies * N_d ranks
@@ -218,8 +217,11 @@ def stage_params(spec: ModelSpec, layout: Layout) -> list[tuple[Fraction, Fracti
     """(dense, expert) parameters of each pipeline stage on one tensor/expert-parallel rank.
 
     Norms and routers are replicated over tensor-parallel ranks; the rest is split over ``tp``
-    (as :func:`vrammath.params.rank_param_count` does; Megatron-Core replicates MLA's down
-    projections, which this split divides), the routed experts over ``tp * ep``.
+    (:func:`vrammath.params.rank_share`, the rule :func:`vrammath.params.rank_param_count`
+    uses; Megatron-Core replicates MLA's down projections, which this split divides), the routed
+    experts over ``tp * ep``. The stages differ from ``rank_param_count``'s: layers
+    ``floor(j n / p)`` onward here (the MTP layers included), ``ceil(L / p)`` per stage there
+    (the fullest stage, as Korthikanti et al.'s first stage).
 
     >>> from vrammath.presets import load_model
     >>> [(int(d), int(e)) for d, e in stage_params(load_model("mixtral-8x7b"), Layout(8, ep=8))]
@@ -229,10 +231,7 @@ def stage_params(spec: ModelSpec, layout: Layout) -> list[tuple[Fraction, Fracti
     tp, ep = layout.tp, layout.ep
 
     def split(tensor: Tensor) -> Fraction:
-        numel = int(tensor.numel.subs(values))
-        if tensor.component in ("norms", "positions", "router"):
-            return Fraction(numel)
-        return Fraction(numel, tp * ep if tensor.component == "experts" else tp)
+        return rank_share(tensor, int(tensor.numel.subs(values)), tp, ep)
 
     def part(pick: list[Tensor]) -> tuple[Fraction, Fraction]:
         dense = sum((split(x) for x in pick if x.component != "experts"), Fraction(0))
@@ -312,7 +311,7 @@ def layout_state_bytes(
     >>> rank.stages, round(sum(states.values()) / 2**30, 2)  # GiB on the busiest rank
     ((0, 15), 31.31)
     """
-    widths = _widths(_recipe(recipe_name), optimizer)
+    widths = state_widths(_recipe(recipe_name), optimizer)
     stage = zero_stage(layout.zero)
 
     def states(rank: RankParams) -> dict[str, int]:
@@ -335,4 +334,5 @@ __all__ = [
     "layout_state_exprs",
     "rank_params",
     "stage_params",
+    "state_widths",
 ]

@@ -75,7 +75,8 @@ from vrammath.model import ModelSpec
 from vrammath.params import tensors
 from vrammath.symbols import E, I_e, I_s, P, V, b, h, k_e, s
 
-#: One op's step: (bytes it adds less bytes freed, parameters whose gradients it creates).
+#: One op's step, as a pair (the bytes it adds less the bytes freed, and the parameters
+#: whose gradients it creates).
 Step = tuple[sympy.Expr, sympy.Expr]
 
 _Z = sympy.Integer(0)

@@ -406,6 +406,23 @@ def layer_param_count(spec: ModelSpec) -> int:
     return int(layer_param_expr(spec).subs(size_values(spec)))
 
 
+def rank_share(tensor: Tensor, numel: int, tp: int = 1, ep: int = 1) -> Fraction:
+    """Elements of a tensor of ``numel`` elements on one tensor/expert-parallel rank, Megatron's
+    split: norms, learned positions and routers replicated, routed experts over ``tp * ep``
+    (expert tensor parallelism equal to ``tp``), everything else over ``tp``. The one rule
+    :func:`rank_param_count` and :func:`vrammath.moe_layout.stage_params` share.
+
+    >>> from vrammath.presets import load_model
+    >>> spec = load_model("mixtral-8x7b")
+    >>> expert = next(x for x in tensors(spec) if x.component == "experts")
+    >>> rank_share(expert, 8 * 14336 * 4096, tp=2, ep=4)
+    Fraction(58720256, 1)
+    """
+    if tensor.component in ("norms", "positions", "router"):
+        return Fraction(numel)
+    return Fraction(numel, tp * ep) if tensor.component == "experts" else Fraction(numel, tp)
+
+
 def rank_param_count(spec: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> int:
     """Parameters held by the fullest tensor/pipeline/expert-parallel rank, Megatron-style.
 
@@ -429,10 +446,7 @@ def rank_param_count(spec: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> 
     all_tensors = tensors(spec)
 
     def split(t: Tensor) -> Fraction:
-        numel = int(t.numel.subs(values))
-        if t.component in ("norms", "positions", "router"):
-            return Fraction(numel)
-        return Fraction(numel, tp * ep) if t.component == "experts" else Fraction(numel, tp)
+        return rank_share(t, int(t.numel.subs(values)), tp, ep)
 
     moe_ids = set(spec.experts.layers) if spec.experts is not None else set()
     moe_layer = sum((split(t) for t in all_tensors if _in_layer(t, True)), Fraction(0))
@@ -495,6 +509,7 @@ __all__ = [
     "param_exprs",
     "param_total_expr",
     "rank_param_count",
+    "rank_share",
     "size_values",
     "tensors",
 ]

@@ -374,22 +374,32 @@ def hf_phase_peaks(
 
 
 def korthikanti_phase_peaks(
-    groups: Groups, *, iteration: Iteration = "steady"
+    groups: Groups, *, iteration: Iteration = "steady", gradients_resident: bool = False
 ) -> dict[str, sympy.Expr]:
     """The phase peaks of a Megatron run: activations are freed as gradients appear, so the
     backward peak is the larger of the two (no logits or recomputation transients: the published
     activation formula stands for all of them).
+
+    With ``gradients_resident`` the gradients are alive beside the activations through forward
+    and backward: Megatron-Core's distributed optimizer keeps one persistent gradient buffer
+    (``param_and_grad_buffer``) into which every micro-batch of a pipeline accumulates, so the
+    later micro-batches' activations sit on top of it (the mixture-of-experts path of
+    :func:`vrammath.estimate.estimate`).
 
     >>> from vrammath.symbols import P, b, s, h
     >>> z = sympy.Integer(0)
     >>> g = Groups(2*P, 12*P, 4*P, 34*s*b*h, 4*P, z, z)
     >>> korthikanti_phase_peaks(g)["backward_peak"]
     Max(18*P, 14*P + 34*b*h*s)
+    >>> korthikanti_phase_peaks(g, gradients_resident=True)["forward_peak"]
+    18*P + 34*b*h*s
     """
     _check_iteration(iteration)
     W, O_, G = groups.weights, groups.optimizer, groups.gradients
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     A, in_flight = groups.activations, groups.in_flight
+    if gradients_resident:
+        W, G = W + G, sympy.Integer(0)  # resident, counted once with the weights
     phases = {
         "forward_peak": W + O_before + A + in_flight,
         "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight,

@@ -31,8 +31,8 @@ import sympy
 
 from vrammath.errors import one_of
 from vrammath.model import ModelSpec
-from vrammath.params import Tensor, size_values, tensors
-from vrammath.symbols import L, P
+from vrammath.params import Tensor, fp32_param_expr, size_values, tensors
+from vrammath.symbols import E, I_e, L_e, P, h
 
 QUANTS = ("nf4", "nf4-nodq", "int8")
 NF4_BLOCK = 64  # QLoRA's block size for the first-level absmax
@@ -59,17 +59,38 @@ def nf4_published_bits_per_param(double_quant: bool = True) -> sympy.Expr:
     return four + sympy.Rational(32, NF4_BLOCK)
 
 
-def quantized_tensors(spec: ModelSpec) -> list[Tensor]:
-    """The tensors a 4-/8-bit load quantizes: every linear weight inside the decoder layers.
+def quantized_tensors(spec: ModelSpec, *, experts: bool = False) -> list[Tensor]:
+    """The tensors a 4-/8-bit load quantizes: the ``nn.Linear`` weights inside the decoder layers.
 
-    Embeddings, the LM head (transformers keeps ``lm_head`` out of bitsandbytes' conversion),
-    norms and biases stay in 16 bits.
+    transformers replaces every ``nn.Linear`` (and GPT-2's ``Conv1D``) but the LM head with a
+    bitsandbytes layer: attention (MLA's five projections too), dense MLPs, shared experts and
+    Qwen2-MoE's shared-expert gate. Embeddings, the LM head, norms and biases stay in 16 bits.
+
+    So do a mixture-of-experts model's routed experts and router in transformers 5: the experts
+    are 3-D parameters and the router a custom module, none an ``nn.Linear``, so
+    ``replace_with_bnb_linear`` leaves them in the load dtype. ``experts=True`` is the layout of
+    transformers 4, where each expert was three ``nn.Linear`` (``w1``, ``w3``, ``w2`` or
+    ``gate_proj``, ``up_proj``, ``down_proj``), each quantized on its own: ``E L_e`` tensors of
+    each shape. (The router, ``E h`` per layer, is left in 16 bits in both.)
+
+    >>> from vrammath.presets import load_model
+    >>> spec = load_model("mixtral-8x7b")
+    >>> [t.name for t in quantized_tensors(spec)]  # doctest: +NORMALIZE_WHITESPACE
+    ['self_attn.q_proj.weight', 'self_attn.k_proj.weight', 'self_attn.v_proj.weight',
+     'self_attn.o_proj.weight']
+    >>> [(t.name, t.shape, t.count) for t in quantized_tensors(spec, experts=True)][4:]
+    [('mlp.experts.w1.weight', (I_e, h), E*L_e), ('mlp.experts.w3.weight', (I_e, h), E*L_e), ('mlp.experts.w2.weight', (h, I_e), E*L_e)]
     """
-    return [
-        t
-        for t in tensors(spec)
-        if t.component in ("attention", "mlp") and len(t.shape) == 2 and t.count == L
-    ]
+    linear = ("attention", "mlp", "shared_experts")
+    out = [t for t in tensors(spec) if t.component in linear and len(t.shape) == 2]
+    ex = spec.experts
+    if experts and ex is not None:
+        names = ("w1", "w3", "w2") if spec.model_type == "mixtral" else ("gate", "up", "down")
+        out += [
+            Tensor(f"mlp.experts.{name}.weight", shape, E * L_e, "experts")
+            for name, shape in zip(names, ((I_e, h), (I_e, h), (h, I_e)), strict=True)
+        ]
+    return out
 
 
 def quant_tensor_exprs(tensor: Tensor, quant: str) -> tuple[sympy.Expr, sympy.Expr]:
@@ -82,7 +103,7 @@ def quant_tensor_exprs(tensor: Tensor, quant: str) -> tuple[sympy.Expr, sympy.Ex
 
     The 16-entry NF4 code table and the 256-entry dynamic map (at most 1 KiB each) are ignored.
 
-    >>> from vrammath.symbols import h
+    >>> from vrammath.symbols import L
     >>> w = Tensor("w", (h, h), L, "attention")
     >>> quant_tensor_exprs(w, "nf4")
     (ceiling(h**2/2), ceiling(h**2/64) + 4*ceiling(ceiling(h**2/64)/256) + 4)
@@ -99,11 +120,13 @@ def quant_tensor_exprs(tensor: Tensor, quant: str) -> tuple[sympy.Expr, sympy.Ex
 
 
 def frozen_base_exprs(
-    spec: ModelSpec, quant: str | None = None, base_bytes: int = 2
+    spec: ModelSpec, quant: str | None = None, base_bytes: int = 2, *, experts: bool = False
 ) -> dict[str, sympy.Expr]:
     """Bytes of the frozen base: ``weights`` (16-bit parts + codes) and ``quant_constants``.
 
-    Without quantization the whole base sits in its dtype: ``base_bytes * P``.
+    Without quantization the whole base sits in its dtype: ``base_bytes * P``, but for
+    parameters transformers keeps in fp32 (DeepSeek-V3's routers). ``experts``
+    quantizes a mixture-of-experts model's routed experts too (see :func:`quantized_tensors`).
 
     >>> from vrammath.presets import load_model
     >>> frozen_base_exprs(load_model("llama-7b"))
@@ -115,14 +138,16 @@ def frozen_base_exprs(
     >>> [int(v.subs(state_values(spec))) for v in e.values()]
     [3762823168, 102769536]
     """
+    # DeepSeek-V3's routers stay fp32 in a 16-bit (and in a quantized) base: custom modules
+    fp32 = (4 - base_bytes) * fp32_param_expr(spec) if 0 < base_bytes < 4 else sympy.Integer(0)
     if quant is None:
-        return {"weights": base_bytes * P, "quant_constants": sympy.Integer(0)}
+        return {"weights": base_bytes * P + fp32, "quant_constants": sympy.Integer(0)}
     _check_quant(quant)
     codes = sympy.Integer(0)
     consts = sympy.Integer(0)
     numel = sympy.Integer(0)
     values = size_values(spec)
-    for t in quantized_tensors(spec):
+    for t in quantized_tensors(spec, experts=experts):
         c, k = quant_tensor_exprs(t, quant)
         if quant != "int8" and int(t.numel.subs(values)) % 2 == 0:
             c = t.numel / 2  # ceil(n/2) of an even size, written plainly
@@ -130,12 +155,16 @@ def frozen_base_exprs(
         consts += t.count * k
         numel += t.count * t.numel
     return {
-        "weights": base_bytes * P + sympy.factor_terms(sympy.expand(codes - base_bytes * numel)),
+        "weights": base_bytes * P
+        + fp32
+        + sympy.factor_terms(sympy.expand(codes - base_bytes * numel)),
         "quant_constants": consts,
     }
 
 
-def dequant_buffer_expr(spec: ModelSpec, compute_bytes: int = 2) -> sympy.Expr:
+def dequant_buffer_expr(
+    spec: ModelSpec, compute_bytes: int = 2, *, experts: bool = False
+) -> sympy.Expr:
     """Transient bytes of dequantizing one frozen matrix for a matmul (forward or backward).
 
     bitsandbytes' ``MatMul4Bit`` dequantizes the whole weight to the compute dtype, one layer at
@@ -146,7 +175,8 @@ def dequant_buffer_expr(spec: ModelSpec, compute_bytes: int = 2) -> sympy.Expr:
     2*I*h
     """
     values = size_values(spec)
-    largest = max(quantized_tensors(spec), key=lambda t: int(t.numel.subs(values)))
+    quantized = quantized_tensors(spec, experts=experts)
+    largest = max(quantized, key=lambda t: int(t.numel.subs(values)))
     return compute_bytes * largest.numel
 
 

@@ -26,15 +26,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from vrammath.adapted import adapted_linears, allowed_targets, lora_targets
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
-from vrammath.lora import adapted_linears, allowed_targets, lora_targets
 from vrammath.model import ModelSpec
 from vrammath.moe import check_ep, check_ep_optimizer
+from vrammath.moe_capacity import check_capacity
 from vrammath.parallel import FSDP_STRATEGIES, zero_stage
 from vrammath.presets import gpu
 from vrammath.vocab import (
     ACTIVATION_MODELS,
+    ACTIVATION_POLICY_NAMES,
     ATTENTIONS,
     DEVICES,
     IMPLEMENTATIONS,
@@ -46,6 +48,7 @@ from vrammath.vocab import (
     RECOMPUTES,
     SCHEDULES,
     ActivationModel,
+    ActivationPolicyName,
     Attention,
     Device,
     Implementation,
@@ -195,8 +198,9 @@ class Setup:
         default=DEFAULT_TARGETS,
         metadata=option(
             "--lora-targets",
-            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused), module names "
-            "or all-linear/attention/mlp (default q,v; needs --lora-rank)",
+            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused; router, "
+            "experts, shared_gate, q_a, q_b, kv_a, kv_b on MoE/MLA models), module names or "
+            "all-linear/attention/mlp (default q,v; needs --lora-rank)",
             kind="targets",
         ),
     )
@@ -270,6 +274,52 @@ class Setup:
             kind="switch",
         ),
     )
+    capacity_factor: float | None = field(
+        default=None,
+        metadata=option(
+            "--capacity-factor",
+            "expert capacity factor c_f > 0, buffers padded to c_f*b*s*k/E rows (token "
+            "dropping; mixture-of-experts under --activations korthikanti; default: dropless)",
+            kind="ratio",
+        ),
+    )
+    imbalance: float = field(
+        default=1.0,
+        metadata=option(
+            "--imbalance",
+            "busiest expert-parallel rank's routed rows over the mean, >= 1 (dropless "
+            "mixture-of-experts under --activations korthikanti; default 1, balanced)",
+            kind="ratio",
+        ),
+    )
+    activation_policy: ActivationPolicyName = field(
+        default="auto",
+        metadata=option(
+            "--activation-policy",
+            "what mixture-of-experts/latent-attention layers keep under --activations "
+            "korthikanti: " + ", ".join(ACTIVATION_POLICY_NAMES) + " (default auto: "
+            "deepseek-v3's FP8 caches and recomputation under --recipe deepseek-v3-fp8, "
+            "else bf16-flash)",
+            choices=ACTIVATION_POLICY_NAMES,
+        ),
+    )
+
+    @property
+    def korthikanti_moe(self) -> bool:
+        """Whether the setup is a mixture-of-experts or latent-attention model under
+        Korthikanti-style activations (:mod:`vrammath.moe_korthikanti`'s layers, states per
+        pipeline rank from :mod:`vrammath.moe_layout`)."""
+        spec = self.model
+        moe = spec.experts is not None or spec.latent is not None
+        return moe and self.activation_formula == "korthikanti"
+
+    @property
+    def policy(self) -> str:
+        """``activation_policy`` with ``auto`` resolved: ``deepseek-v3`` under the
+        ``deepseek-v3-fp8`` recipe (its FP8 caches go with its FP8 GEMMs), else ``bf16-flash``."""
+        if self.activation_policy != "auto":
+            return self.activation_policy
+        return "deepseek-v3" if self.recipe == "deepseek-v3-fp8" else "bf16-flash"
 
     @property
     def activation_formula(self) -> str:
@@ -310,6 +360,7 @@ class Setup:
         self._check_offload()
         self._check_parallel()
         self._check_activations()
+        self._check_moe()
         self._check_lora()
 
     def _check_offload(self) -> None:
@@ -373,6 +424,40 @@ class Setup:
                 got=self.recipe,
             )
 
+    def _check_moe(self) -> None:
+        check("activation_policy", self.activation_policy, ACTIVATION_POLICY_NAMES)
+        check_capacity(self.capacity_factor, self.imbalance)
+        routed = self.korthikanti_moe and self.model.experts is not None
+        why = "needs a mixture-of-experts model under --activations korthikanti"
+        if self.capacity_factor is not None and not routed:
+            raise InputError("capacity_factor", why, got=self.capacity_factor)
+        if self.imbalance != 1 and not routed:
+            # transformers' grouped GEMM keeps b*s*k rows whatever the routing (measured)
+            raise InputError("imbalance", why, got=self.imbalance)
+        if self.korthikanti_moe:
+            return
+        if self.activation_policy != "auto":
+            raise InputError(
+                "activation_policy",
+                "needs a mixture-of-experts or latent-attention model under --activations "
+                "korthikanti",
+                got=self.activation_policy,
+            )
+        if self.schedule == "dualpipe":
+            raise InputError(
+                "schedule",
+                "dualpipe is modelled for mixture-of-experts and latent-attention models under "
+                "--activations korthikanti; use 1f1b or interleaved",
+                got=self.schedule,
+            )
+        if self.recipe == "deepseek-v3-fp8" and self.activation_formula == "hf":
+            raise InputError(
+                "recipe",
+                "deepseek-v3-fp8 needs --activations korthikanti (FP8 GEMMs are not how "
+                "transformers runs a model)",
+                got=self.recipe,
+            )
+
     def _check_lora(self) -> None:
         if not isinstance(self.lora_targets, str | tuple | list):
             raise InputError(
@@ -430,6 +515,12 @@ def setup_warnings(setup: Setup) -> tuple[str, ...]:
     limit = setup.model.max_positions
     if setup.seq_len > limit:
         out.append(f"seq_len {setup.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    if setup.quant is not None and setup.model.experts is not None:
+        # transformers 5's bitsandbytes replaces nn.Linear only (vrammath.quant.quantized_tensors)
+        out.append(
+            f"quant {setup.quant}: the routed experts (3-D parameters in transformers 5) and the "
+            "router stay in 16 bits; only nn.Linear layers are quantized"
+        )
     return tuple(out)
 
 

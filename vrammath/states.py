@@ -113,6 +113,16 @@ RECIPES: dict[str, Recipe] = {
             "PyTorch autocast: fp32 parameters, gradients and states; fp16 copies made for compute",
         ),
         Recipe("bf16-pure", 2, 2, 0, 2, "bf16", "every state in bf16, no master copy"),
+        Recipe(
+            "deepseek-v3-fp8",
+            2,
+            4,
+            4,
+            2,
+            "fp8",
+            "bf16 weights (FP8 GEMMs), fp32 gradients and master weights, bf16 AdamW moments "
+            "(DeepSeek-V3, arXiv:2412.19437 Section 3.3)",
+        ),
     )
 }
 

@@ -27,6 +27,10 @@ from vrammath.activation_parts import Attention, HfRecompute, Precision
 from vrammath.activations import activation_exprs
 from vrammath.lora import lora_state_exprs
 from vrammath.model import ModelSpec
+from vrammath.moe_capacity import ratio
+from vrammath.moe_korthikanti import POLICIES, layout_activation_exprs
+from vrammath.moe_layout import RankParams, state_widths
+from vrammath.moe_stage import busiest_rank, rank_values, setup_layout
 from vrammath.params import tensors
 from vrammath.peak import Iteration
 from vrammath.quant import frozen_base_exprs
@@ -102,8 +106,13 @@ class Context:
 
     @cached_property
     def model_states(self) -> dict[str, sympy.Expr]:
-        """The whole model's states (:func:`vrammath.states.model_state_exprs`)."""
+        """The whole model's states (:func:`vrammath.states.model_state_exprs`); on the
+        Korthikanti-style mixture-of-experts path a layout's, every parameter at the recipe's
+        width (:func:`vrammath.moe_layout.state_widths`)."""
         s = self.setup
+        if s.korthikanti_moe:
+            widths = state_widths(self.recipe, s.optimizer)
+            return {k: w * P for k, w in widths.items()}
         return model_state_exprs(s.model, s.recipe, s.optimizer)
 
     @cached_property
@@ -135,6 +144,35 @@ class Context:
             self.precision,
             self.hf_recompute,
             device=self.device,
+        )
+
+    @cached_property
+    def moe_rank(self) -> RankParams:
+        """The busiest pipeline rank of a Korthikanti-style mixture-of-experts or latent-attention
+        setup (:func:`vrammath.moe_stage.busiest_rank`)."""
+        return busiest_rank(self.setup)
+
+    @cached_property
+    def moe_values(self) -> dict[sympy.Symbol, int]:
+        """``P``, ``P_e``, ``n_ep``, ``N_d`` of that rank
+        (:func:`vrammath.moe_stage.rank_values`)."""
+        return rank_values(self.setup, self.moe_rank)
+
+    @cached_property
+    def moe_activations(self) -> dict[str, sympy.Expr]:
+        """That rank's activations, ``layers`` and (when it holds the last stage) ``head``
+        (:func:`vrammath.moe_korthikanti.layout_activation_exprs`; capacity buffers padded)."""
+        s = self.setup
+        layout = setup_layout(s)
+        return layout_activation_exprs(
+            s.model,
+            layout,
+            POLICIES[s.policy],
+            capacity_factor=None
+            if s.capacity_factor is None
+            else ratio("capacity_factor", s.capacity_factor, 0),
+            imbalance=ratio("imbalance", s.imbalance, 1),
+            head_on_rank=layout.pp - 1 in self.moe_rank.stages,
         )
 
 

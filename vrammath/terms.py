@@ -58,14 +58,14 @@ from __future__ import annotations
 
 import sympy
 
-from vrammath.activation_parts import Parallel
+from vrammath.activation_parts import Parallel, Schedule
 from vrammath.korthikanti import korthikanti_first_stage_bytes
 from vrammath.lora import lora_activation_layer_expr, lora_step_temp_expr
 from vrammath.moe import ep_layer_param_expr
-from vrammath.params import layer_param_expr
+from vrammath.params import largest_tensor_numel, layer_param_expr
 from vrammath.peak import LOSS_BYTES
 from vrammath.quant import dequant_buffer_expr
-from vrammath.states import optimizer_step_temp_expr
+from vrammath.states import optimizer_step_temp_expr, step_temporaries_expr
 from vrammath.symbols import L, P, V, b, s
 from vrammath.term_context import (
     CPU_ADAM_GRAD_BYTES,
@@ -195,11 +195,15 @@ def _activations(ctx: Context) -> sympy.Expr:
     if ctx.setup.activation_formula == "hf":
         return ctx.hf_activations["activations"]
     s = ctx.setup
+    if s.korthikanti_moe:
+        return ctx.moe_activations["layers"]
     parallel: Parallel = "tp_sp" if s.sp else "tp"
+    # DualPipe is the MoE path's alone (Setup refuses it here)
+    schedule: Schedule = "interleaved" if s.schedule == "interleaved" else "1f1b"
     return korthikanti_first_stage_bytes(
         parallel,
         s.recompute,
-        schedule=s.schedule,
+        schedule=schedule,
         activation_bytes=4 if ctx.precision == "fp32" else 2,
     )
 
@@ -207,11 +211,17 @@ def _activations(ctx: Context) -> sympy.Expr:
 def _activations_label(ctx: Context) -> str:
     if ctx.setup.activation_formula == "hf":
         return "activations kept for backward"
+    if ctx.setup.korthikanti_moe:
+        stages = ", ".join(str(j) for j in ctx.moe_rank.stages)
+        return f"activations, busiest pipeline rank (stages {stages}; Korthikanti-style MoE)"
     return "activations, first pipeline stage (Korthikanti et al.)"
 
 
 def _activations_note(ctx: Context) -> str:
     s = ctx.setup
+    if s.korthikanti_moe:
+        rows = "dropless" if s.capacity_factor is None else f"capacity {s.capacity_factor:g}"
+        return f"policy {s.policy}; {rows}, imbalance {s.imbalance:g}; {s.schedule}"
     if s.activation_formula != "hf":
         return "as published: GPT block, 4h GeLU MLP, 1-byte dropout masks"
     how = f"{s.model.model_type} as transformers runs it, {s.attention}, {ctx.precision}"
@@ -222,9 +232,18 @@ def _activations_note(ctx: Context) -> str:
 
 
 def _logits_loss(ctx: Context) -> sympy.Expr | None:
+    if ctx.setup.korthikanti_moe:  # the head's, on the rank holding the last stage
+        return ctx.moe_activations.get("head")
     if ctx.setup.activation_formula != "hf":
         return None  # Korthikanti's formula includes its own
     return ctx.hf_activations["logits_loss"]
+
+
+def _logits_loss_note(ctx: Context) -> str:
+    if ctx.setup.korthikanti_moe:
+        heads = 1 + ctx.setup.model.mtp_layers
+        return f"final norm, output-layer input, fp32 logits (Korthikanti 4.3) x {heads} head(s)"
+    return "logits and the fp32 log-softmax the loss keeps for backward"
 
 
 # --- the optimizer step -------------------------------------------------------------------------
@@ -241,6 +260,11 @@ def _step_temporaries(ctx: Context) -> sympy.Expr:
             s.optimizer,
             s.implementation,
             adapter_dtype="fp32",
+        )
+    if s.korthikanti_moe:  # a layout's states: every parameter at the recipe's width
+        largest = sympy.Integer(largest_tensor_numel(s.model, s.ep))
+        return step_temporaries_expr(
+            s.optimizer, s.implementation, ctx.recipe.state, params=P, largest=largest
         )
     return optimizer_step_temp_expr(s.model, s.recipe, s.optimizer, s.implementation, ep=s.ep)
 
@@ -371,8 +395,7 @@ TERMS: tuple[Term, ...] = (
     Term("activations", _activations_label, "gpu", _activations, "activations",
          "forward+backward", note=_activations_note),
     Term("logits_loss", "logits and loss buffers kept", "gpu", _logits_loss, "activations",
-         "forward+backward",
-         note="logits and the fp32 log-softmax the loss keeps for backward"),
+         "forward+backward", note=_logits_loss_note),
     Term("outputs", "model output kept by the loop", "gpu", kept_outputs, "outputs",
          "resident", note="logits + loss, until the next forward rebinds the output"),
     Term("step_temporaries",

@@ -32,6 +32,7 @@ Recipe = Literal[
     "autocast-bf16",
     "autocast-fp16",
     "bf16-pure",
+    "deepseek-v3-fp8",
 ]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam8bit", "adafactor"]
 #: PyTorch optimizer implementations (their step temporaries differ)
@@ -43,7 +44,7 @@ HfRecompute = Literal["none", "full"]
 #: which activation formula (HF-exact, Korthikanti as published, or chosen from the setup)
 ActivationModel = Literal["auto", "hf", "korthikanti"]
 Iteration = Literal["steady", "first"]
-Schedule = Literal["1f1b", "interleaved"]
+Schedule = Literal["1f1b", "interleaved", "dualpipe"]
 #: where the kernels run (CUDA and CPU kernels keep different dropout masks and norm stats)
 Device = Literal["cuda", "cpu"]
 #: the dtype the forward pass runs in
@@ -55,6 +56,9 @@ Quant = Literal["nf4", "nf4-nodq", "int8"]
 LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
 #: weight formats for serving
 ServeWeights = Literal["fp16", "bf16", "int8", "int4", "nf4"]
+#: what a mixture-of-experts or latent-attention layer keeps under Korthikanti's convention
+#: (vrammath.moe_korthikanti.POLICIES); auto: deepseek-v3 under its recipe, else bf16-flash
+ActivationPolicyName = Literal["auto", "bf16-flash", "deepseek-v3", "deepseek-v3-outputs-kept"]
 KvDtype = Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "int8"]
 
 RECIPE_NAMES: tuple[Recipe, ...] = get_args(Recipe)
@@ -73,6 +77,7 @@ QUANTS: tuple[Quant, ...] = get_args(Quant)
 LORA_TARGETS: tuple[LoraTarget, ...] = get_args(LoraTarget)
 SERVE_WEIGHTS: tuple[ServeWeights, ...] = get_args(ServeWeights)
 KV_DTYPES: tuple[KvDtype, ...] = get_args(KvDtype)
+ACTIVATION_POLICY_NAMES: tuple[ActivationPolicyName, ...] = get_args(ActivationPolicyName)
 
 #: the dtype the forward runs in under each recipe (what the activations are kept in)
 PRECISION_OF: dict[Recipe, Precision] = {
@@ -83,6 +88,7 @@ PRECISION_OF: dict[Recipe, Precision] = {
     "autocast-bf16": "autocast-bf16",
     "autocast-fp16": "autocast-fp16",
     "bf16-pure": "bf16",
+    "deepseek-v3-fp8": "bf16",  # FP8 GEMMs on bf16 weights; the activations are bf16
 }
 
 _S = TypeVar("_S", bound=str)
@@ -102,6 +108,7 @@ def check(field: str, value: object, allowed: tuple[_S, ...]) -> _S:
 
 __all__ = [
     "ACTIVATION_MODELS",
+    "ACTIVATION_POLICY_NAMES",
     "ATTENTIONS",
     "DEVICES",
     "HF_RECOMPUTES",
@@ -119,6 +126,7 @@ __all__ = [
     "SCHEDULES",
     "SERVE_WEIGHTS",
     "ActivationModel",
+    "ActivationPolicyName",
     "Attention",
     "Device",
     "HfRecompute",

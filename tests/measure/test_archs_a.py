@@ -18,6 +18,7 @@ from vrammath.activation_parts import Attention, HfRecompute, Precision  # noqa:
 from vrammath.activations import hf_activation_bytes  # noqa: E402
 from vrammath.lora import lora_param_count  # noqa: E402
 from vrammath.measure import measure_training_step  # noqa: E402
+from vrammath.measure.archs import ARCH_CONFIGS  # noqa: E402
 from vrammath.measure.build import build_model  # noqa: E402
 from vrammath.model import from_hf_config  # noqa: E402
 from vrammath.params import param_count, size_values  # noqa: E402
@@ -31,17 +32,7 @@ pytestmark = [
 ]
 
 SMALL: dict[str, dict[str, Any]] = {
-    "qwen3-gqa-bias": {
-        "model_type": "qwen3",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "head_dim": 20,
-        "vocab_size": 131,
-        "attention_bias": True,
-    },
+    "qwen3-gqa-bias": ARCH_CONFIGS["qwen3"],  # the validation table's config
     "qwen3-mqa-tied": {
         "model_type": "qwen3",
         "hidden_size": 72,
@@ -61,17 +52,7 @@ SMALL: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "vocab_size": 131,
     },
-    "olmo2-mqa-tied-hd": {
-        "model_type": "olmo2",
-        "hidden_size": 60,
-        "intermediate_size": 92,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 5,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "vocab_size": 131,
-        "tie_word_embeddings": True,
-    },
+    "olmo2-mqa-tied-hd": ARCH_CONFIGS["olmo2"],  # the validation table's config
     "phi3-gqa": {
         "model_type": "phi3",
         "hidden_size": 72,
@@ -103,15 +84,7 @@ SMALL: dict[str, dict[str, Any]] = {
         "residual_dropout": 0.1,
         "embedding_dropout": 0.1,
     },
-    "starcoder2-gqa": {
-        "model_type": "starcoder2",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "vocab_size": 131,
-    },
+    "starcoder2-gqa": ARCH_CONFIGS["starcoder2"],  # the validation table's config
 }
 
 PRESETS = (

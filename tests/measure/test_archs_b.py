@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 
 from vrammath.activations import hf_activation_bytes  # noqa: E402
 from vrammath.measure import measure_training_step  # noqa: E402
+from vrammath.measure.archs import ARCH_CONFIGS  # noqa: E402
 from vrammath.measure.build import as_spec  # noqa: E402
 from vrammath.params import size_values  # noqa: E402
 from vrammath.symbols import b, s  # noqa: E402
@@ -88,31 +89,9 @@ def test_sliding_window_activations_are_exact(
 
 ARCHS: dict[str, dict[str, Any]] = {
     # GQA, head_dim 20 != 72 / 4, tied, window 16 on layers 0 and 2 (the top one slides)
-    "gemma2-odd": {
-        "model_type": "gemma2",
-        "hidden_size": 72,
-        "intermediate_size": 130,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 20,
-        "vocab_size": 999,
-        "sliding_window": 16,
-        "query_pre_attn_scalar": 20,
-    },
+    "gemma2-odd": ARCH_CONFIGS["gemma2"],  # the validation table's config
     # Gemma-3: q/k norms, one global layer in 3 (layers 0, 1, 3 slide), head_dim 20, sdpa allowed
-    "gemma3-odd": {
-        "model_type": "gemma3_text",
-        "hidden_size": 72,
-        "intermediate_size": 130,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 20,
-        "vocab_size": 999,
-        "sliding_window": 16,
-        "sliding_window_pattern": 3,
-    },
+    "gemma3-odd": ARCH_CONFIGS["gemma3_text"],  # the validation table's config
     # Gemma (v1): MQA, head_dim 24 != 88 / 4, legacy "gelu", untied
     "gemma-mqa": {
         "model_type": "gemma",
@@ -127,16 +106,7 @@ ARCHS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
     },
     # parallel residual, rotary 3 of 12 dimensions, gelu_fast (GPT-NeoX-20B's), odd sizes
-    "neox-parallel": {
-        "model_type": "gpt_neox",
-        "hidden_size": 72,
-        "intermediate_size": 200,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 6,
-        "vocab_size": 999,
-        "rotary_pct": 0.25,
-        "hidden_act": "gelu_fast",
-    },
+    "neox-parallel": ARCH_CONFIGS["gpt_neox"],  # the validation table's config
     # sequential residual, untied, plain GeLU, rotary 8 of 16
     "neox-sequential": {
         "model_type": "gpt_neox",

@@ -3,7 +3,8 @@
 Marked ``measure`` (torch and transformers; run by ``nox -s measure``). The configs are tiny and
 odd-sized so that a wrong coefficient cannot hide behind a round number: GQA with an explicit
 head_dim, attention biases, a sliding window below every fitted s, tied embeddings with one KV
-head, GPT-2 with dropout on.
+head, GPT-2 with dropout on. The mixture-of-experts types run on the validation matrix's small
+configs (bf16 only: fake mode's grouped matmul takes bf16 inputs).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sympy
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from vrammath.activation_parts import HfRecompute
 from vrammath.activations import hf_activation_bytes
 from vrammath.cli import main
 from vrammath.errors import InputError
@@ -23,9 +25,10 @@ from vrammath.estimate import estimate
 from vrammath.measure.build import RECIPE_OF, as_spec
 from vrammath.measure.derive import coefficients, derive, grid, solve_exact
 from vrammath.measure.matrix import step_counter_bytes
+from vrammath.measure.matrix_rows import CONFIGS as MATRIX_CONFIGS
 from vrammath.params import param_count, size_values
 from vrammath.setup import Setup
-from vrammath.symbols import L, P, b, s
+from vrammath.symbols import L, L_e, P, b, s
 
 pytestmark = [
     pytest.mark.measure,
@@ -247,3 +250,80 @@ def test_cli_derive_json(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> N
     )
     assert data["bytes"]["activations"] == want
     assert data["misses"] == [] or all(not m.startswith("activations") for m in data["misses"])
+
+
+MOE = ("small-mixtral", "small-qwen2-moe", "small-qwen3-moe", "small-deepseek-v3")
+MOE_SEQ = 128
+"""The MoE fit runs at s = 64, 128, 192 with b = 2, 3: every phase peak's winning candidate
+stays the same over the points (at s = 32 Mixtral's backward switches from a constant one)."""
+
+
+def _moe_cpu_extras(spec: Any) -> int:
+    """What the CPU count sees and the estimate leaves out in every phase: Adam's step counters,
+    the RoPE ``inv_freq`` and ``original_inv_freq`` buffers (fp32), and DeepSeek-V3's fp32
+    ``e_score_correction_bias`` buffer per MoE layer."""
+    rope = spec.latent.rope_dim if spec.latent is not None else spec.head_dim
+    bias = 4 * spec.experts.count * len(spec.experts.layers) if spec.latent is not None else 0
+    return step_counter_bytes(spec, "adamw") + 2 * 4 * (rope // 2) + bias
+
+
+def test_derive_refuses_fp32_for_grouped_experts() -> None:
+    with pytest.raises(InputError, match="^precision: mixtral runs grouped-matmul experts"):
+        derive(MATRIX_CONFIGS["small-mixtral"], precision="fp32")
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("arch", MOE)
+def test_moe_formulas_equal_derived(arch: str, recompute: str) -> None:
+    """bf16 sdpa MoE: the activations equal derive's polynomial coefficient for coefficient; the
+    step peak equals it up to the CPU extras as polynomials; the forward and backward peaks (a
+    Max of candidates) are compared at the six fit points, where the polynomial is the measured
+    count. Their known leftover, as in the dense rows of the validation matrix: at b >= 2 the
+    measured forward peak holds one more int64 (b, s) tensor and 8 b bytes than the estimate's,
+    and the estimate's loss-bound backward peak one more int64 (b, s) tensor than measured."""
+    cfg = MATRIX_CONFIGS[arch]
+    spec = as_spec(cfg)
+    found = derive(cfg, recompute=recompute, batch=2, seq=MOE_SEQ, verify=False)
+    assert found.experts == "grouped_mm"
+    values = size_values(spec)
+    policy: HfRecompute = "full" if recompute == "full" else "none"
+    analytic = hf_activation_bytes(spec, "sdpa", "bf16", policy, device="cpu")
+    analytic = analytic.subs(sympy.KroneckerDelta(1, b), 0)
+    if found.layer_mode.startswith("fit in L"):  # every layer a MoE layer
+        fixed = {k: v for k, v in values.items() if k not in (L, L_e)}
+        want = _in_bs_l(analytic.subs(L_e, L).subs(fixed))
+        assert _in_bs_l(found.in_layers["activations"]) == want
+    else:
+        assert _in_bs_l(found.exprs["activations"]) == _in_bs_l(analytic.subs(values))
+    setup = Setup(
+        spec,
+        recipe=RECIPE_OF["bf16"],
+        attention="sdpa",
+        recompute=recompute,
+        device="cpu",
+        micro_batch=2,
+        seq_len=MOE_SEQ,
+    )
+    phases = {
+        k: e.subs({P: param_count(spec)}).subs(values).subs(sympy.KroneckerDelta(1, b), 0)
+        for k, e in estimate(setup).phase_exprs.items()
+    }
+    extras = _moe_cpu_extras(spec)
+    assert sympy.expand(found.exprs["step"] - phases["step_peak"]) == extras
+    seqs, _, _ = grid(MOE_SEQ)
+    points = [(bb, ss) for bb in (2, 3) for ss in seqs]
+    worst = {}
+    for phase in ("forward", "backward"):
+        at = [{b: bb, s: ss} for bb, ss in points]
+        measured = [int(found.exprs[phase].subs(p)) for p in at]
+        analytic_at = [int(phases[f"{phase}_peak"].subs(p)) for p in at]
+        diffs = [m - a - extras for m, a in zip(measured, analytic_at, strict=True)]
+        worst[phase] = max(abs(d) / m for d, m in zip(diffs, measured, strict=True))
+        told = f"{arch} {recompute} {phase}: measured - analytic - CPU extras {diffs}"
+        if phase == "forward":
+            assert diffs == [8 * bb * ss + 8 * bb for bb, ss in points], told
+        else:
+            assert all(abs(d) <= 8 * bb * ss for d, (bb, ss) in zip(diffs, points, strict=True)), (
+                told
+            )
+    assert max(worst.values()) < 1e-3, f"{arch} {recompute}: worst relative difference {worst}"

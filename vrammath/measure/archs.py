@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vrammath.measure.matrix import compare, diff, estimate_row, measured_row
+from vrammath.measure.matrix import compare, diff, estimate_row, measured_row, worst_rel_errors
 
 ARCH_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {
@@ -302,10 +302,7 @@ def build(command: str, *, steps: int = 2, log: Any = None) -> dict[str, Any]:
 
     started = time.perf_counter()
     results = run(rows(), steps=steps, log=log)
-    worst: dict[str, float] = {}
-    for r in results:
-        for name, c in r.get("components", {}).items():
-            worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    worst = worst_rel_errors(results)
     return {
         "command": command,
         "versions": {

@@ -82,7 +82,8 @@ class Derived:
     ``exprs`` are in b and s at the config's layer count; ``in_layers`` in b, s and L when the
     layers were fitted (else equal to ``exprs``). ``misses`` lists every verification point where
     the measured bytes differ from the polynomial; ``batch_one`` the measured minus the
-    polynomial at b = 1 per quantity and sequence.
+    polynomial at b = 1 per quantity and sequence. ``experts`` names transformers' experts
+    implementation when the model has switchable experts (``"grouped_mm"``), else is empty.
     """
 
     model_type: str
@@ -99,6 +100,7 @@ class Derived:
     checks: tuple[tuple[int, int], ...]
     seconds: float
     versions: dict[str, str] = field(default_factory=dict)
+    experts: str = ""
 
     def bytes_at(self, batch: int, seq: int) -> dict[str, int]:
         """Bytes of each quantity at (batch, seq); at b = 1 with the offset measured at that seq,
@@ -161,6 +163,7 @@ class Derived:
             "runs": self.runs,
             "seconds": self.seconds,
             "versions": self.versions,
+            **({"experts": self.experts} if self.experts else {}),
         }
 
 
@@ -237,7 +240,20 @@ def hf_config_of(cfg: Mapping[str, object], *, attention: str, layers: int | Non
         ) from None
     config._attn_implementation = attention
     config.use_cache = False
+    if grouped_experts(config):
+        # asked for by name: transformers would fall back to its per-expert loop silently
+        config._experts_implementation = "grouped_mm"
     return config
+
+
+def grouped_experts(config: Any) -> bool:
+    """Whether transformers runs this config's causal LM with switchable experts (Mixtral,
+    Qwen-MoE, DeepSeek-V3, ...): derive then runs them as one grouped matmul (``grouped_mm``),
+    whose kept memory does not depend on the routing, and which takes bf16 inputs only."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return cls is not None and bool(cls._can_set_experts_implementation())
 
 
 def _first_line(exc: BaseException) -> str:
@@ -389,6 +405,13 @@ def _derive(
     started = time.perf_counter()
     config = hf_config_of(cfg, attention=attention)
     n_layers = _layer_count(config)
+    if precision != "bf16" and grouped_experts(config):
+        raise InputError(
+            "precision",
+            f"{cfg.get('model_type')} runs grouped-matmul experts, which fake mode runs in bf16 "
+            "only: derive it with bf16",
+            got=precision,
+        )
     fitted = layers == "fit" or (layers == "auto" and uniform_layers(cfg, config))
     runs = 0
 
@@ -457,6 +480,7 @@ def _derive(
         checks=checks,
         seconds=round(time.perf_counter() - started, 2),
         versions={"torch": torch.__version__, "transformers": transformers.__version__},
+        experts="grouped_mm" if grouped_experts(config) else "",
     )
 
 
@@ -485,6 +509,11 @@ def report_lines(result: Derived, batch: int, seq: int) -> list[str]:
         f"{result.seconds:.1f} s"
     )
     lines = [head]
+    if result.experts:
+        lines.append(
+            f"experts run as transformers' {result.experts} (one grouped matmul, bf16): the "
+            "memory does not depend on the routing"
+        )
     names = {
         "activations": "activations kept at the end of forward",
         "forward": "forward peak",
@@ -530,6 +559,7 @@ __all__ = [
     "Derived",
     "coefficients",
     "derive",
+    "grouped_experts",
     "hf_config_of",
     "measure_config",
     "report_lines",

@@ -33,6 +33,7 @@ from vrammath.measure.engine_runs import (
     measure_engine,
 )
 from vrammath.measure.matrix import diff as matrix_diff
+from vrammath.measure.matrix import worst_rel_errors
 
 
 def estimate_engine(
@@ -382,11 +383,7 @@ def build_document(
         loops.append(run_loop_row(row))
         if log:
             log(f"{row['id']}: measured")
-    worst: dict[str, float] = {}
-    for r in results:
-        for name, c in r.get("components", {}).items():
-            if c["rel_error"] is not None:
-                worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    worst = worst_rel_errors(results)
     return {
         "command": command,
         "versions": {

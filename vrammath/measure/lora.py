@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vrammath.lora import adapted_linears, lora_targets
+from vrammath.adapted import adapted_linears, lora_targets
 from vrammath.measure.build import as_spec, build_model, real_training_masks
 from vrammath.model import ModelSpec
 
@@ -83,6 +83,22 @@ def _module_to_in_place() -> Any:
         torch.nn.Module.to = original  # type: ignore[method-assign]
 
 
+def peft_targets(spec: ModelSpec, targets: str | Sequence[str]) -> dict[str, list[str]]:
+    """``target_modules`` / ``target_parameters`` that make peft adapt what ``targets`` names.
+
+    >>> from vrammath.presets import load_model
+    >>> peft_targets(load_model("mixtral-8x7b"), "o,gate,up,down,router")
+    {'target_modules': ['self_attn.o_proj', 'w1', 'w3', 'w2', 'gate']}
+    >>> peft_targets(load_model("qwen3-30b-a3b"), "q,experts")  # doctest: +NORMALIZE_WHITESPACE
+    {'target_modules': ['self_attn.q_proj'],
+     'target_parameters': ['experts.gate_up_proj', 'experts.down_proj']}
+    """
+    out: dict[str, list[str]] = {}
+    for m in adapted_linears(spec, targets):
+        out.setdefault(m.peft_field, []).extend(m.peft_names)
+    return out
+
+
 def measure_lora_step(
     model: ModelSpec | str | Mapping[str, object],
     *,
@@ -125,15 +141,23 @@ def measure_lora_step(
                 r=rank,
                 lora_alpha=16,
                 lora_dropout=dropout,
-                # the module paths: peft matches them as suffixes (GPT-2's attn.c_proj and
-                # mlp.c_proj share their last name)
-                target_modules=[m.module for m in adapted_linears(spec, chosen)],
+                **peft_targets(spec, chosen),
                 task_type="CAUSAL_LM",
             )
             with _module_to_in_place(), warnings.catch_warnings():
                 # peft 0.21 asks transformers 5 a deprecated question; not ours to fix
                 warnings.filterwarnings(
                     "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
+                )
+                # peft 0.21.2 warns that the 2r rank_pattern it writes for the experts' fused
+                # gate_up_proj matched no module: it matches the parameter, and applies
+                warnings.filterwarnings(
+                    "ignore", message=".*rank_pattern keys did not match.*", category=RuntimeWarning
+                )
+                warnings.filterwarnings(
+                    "ignore",
+                    message=".*alpha_pattern keys did not match.*",
+                    category=RuntimeWarning,
                 )
                 net = peft.get_peft_model(net, cfg)
         if input_grads:
@@ -155,7 +179,10 @@ def measure_lora_step(
             tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
         tracker.track_external(net, opt)
         iterations = []
-        with tracker:
+        with tracker, warnings.catch_warnings():
+            # peft's ParamWrapper (router/experts) registers parametrizations on the fly; their
+            # modules are gone by backward, and MemTracker says it skips their module hooks
+            warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
             for _ in range(steps):
                 tracker.reset_mod_stats()
                 start = _snapshot(tracker)

@@ -227,6 +227,17 @@ def run_rows(
     return out
 
 
+def worst_rel_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The largest |relative error| of each component over ``rows`` (components without an
+    estimate, ``rel_error`` None, left out)."""
+    worst: dict[str, float] = {}
+    for r in rows:
+        for name, c in r.get("components", {}).items():
+            if c["rel_error"] is not None:
+                worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    return worst
+
+
 def build_matrix(
     rows: list[dict[str, Any]], command: str, *, steps: int = 2, log: Any = None
 ) -> dict[str, Any]:
@@ -236,10 +247,7 @@ def build_matrix(
 
     started = time.perf_counter()
     results = run_rows(rows, steps=steps, log=log)
-    worst: dict[str, float] = {}
-    for r in results:
-        for name, c in r.get("components", {}).items():
-            worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    worst = worst_rel_errors(results)
     return {
         "command": command,
         "versions": {
@@ -298,10 +306,7 @@ def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
         measured = {name: c["measured"] for name, c in row["components"].items()}
         comp = compare(estimate_row(spec_row), measured, spec_row)
         rows.append({**row, "components": comp, "pass": all(c["pass"] for c in comp.values())})
-    worst: dict[str, float] = {}
-    for r in rows:
-        for name, c in r.get("components", {}).items():
-            worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    worst = worst_rel_errors(rows)
     return {
         **committed,
         "rescored": command,
@@ -321,10 +326,7 @@ def update(committed: dict[str, Any], fresh: dict[str, Any], command: str) -> di
     for row in sorted(new.values(), key=lambda r: order.get(r["id"], len(order))):
         rows.append(row)
     rows.sort(key=lambda r: order.get(r["id"], len(order)))
-    worst: dict[str, float] = {}
-    for r in rows:
-        for name, c in r.get("components", {}).items():
-            worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
+    worst = worst_rel_errors(rows)
     return {
         **committed,
         "configs": CONFIGS,
