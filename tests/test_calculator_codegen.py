@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sympy
 
+from vrammath.errors import InputError
 from vrammath.estimate import estimate
 from vrammath.presets import load_model
 from vrammath.setup import Setup
@@ -101,6 +102,6 @@ def test_tp_refusals_are_the_library_messages() -> None:
     got = calculator_serve.tp_messages(lambda tp: Serve(spec, tp=tp), spec.heads)
     assert got["templates"][got["big"]] == "tp: must divide the attention heads (64) (got {got})"
     assert sorted(set(range(1, 65)) - set(got["refused"])) == [1, 2, 4, 8, 16, 32, 64]
-    assert got["templates"][got["refused"][3]].format(got=3) == str(
-        pytest.raises(Exception, Serve, spec, tp=3).value
-    )
+    with pytest.raises(InputError) as refused:
+        Serve(spec, tp=3)
+    assert got["templates"][got["refused"][3]].format(got=3) == str(refused.value)

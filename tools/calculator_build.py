@@ -52,7 +52,7 @@ from vrammath.params import param_count
 from vrammath.peak import PHASES, Groups
 from vrammath.presets import load_gpus, load_model, model_names
 from vrammath.setup import Setup
-from vrammath.symbols import N_d, P, b, m, p, r, s, t
+from vrammath.symbols import N_d, P, b, m, n_ep, p, r, s, t
 from vrammath.term_context import STATE_GROUPS, Context, text
 from vrammath.terms import TERMS, TERMS_BY_KEY
 
@@ -70,6 +70,9 @@ RANK_REFUSAL = (
     "lora_rank: with this optimizer the adapters' states depend on the rank's size, "
     "which the calculator does not compile (use the CLI)"
 )
+#: Setup fields the calculator keeps at their defaults: only the Korthikanti-style
+#: mixture-of-experts layouts read them, and the page refuses those (calculator_setups).
+UNCOMPILED = ("capacity_factor", "imbalance", "activation_policy")
 #: The group totals' symbols, one per field of vrammath.peak.Groups, in its order.
 GROUP_SYMBOLS = sympy.symbols(
     " ".join(f"G_{f.name}" for f in dataclasses.fields(Groups)), real=True
@@ -90,6 +93,7 @@ RUN_SYMBOLS = {
     p: "pp",
     m: "chunks",
     r: "lora_rank",
+    n_ep: "ep",
 }
 
 
@@ -115,12 +119,14 @@ def phase_exprs(
         return dict(est_mod.estimate(setup).phase_exprs)
 
 
-def _same(one: sympy.Expr, two: sympy.Expr) -> bool:
-    """Whether two expressions agree at two points (every symbol a different integer)."""
-    names = sorted(one.free_symbols | two.free_symbols, key=str)
+def _same(one: sympy.Expr, two: sympy.Expr, zero: sympy.Symbol) -> bool:
+    """Whether ``one`` with ``zero`` put to 0 agrees with ``two`` at two points (every other
+    symbol a different integer). Numbers go in at once: a symbolic Max re-simplified with one
+    symbol put to 0 costs seconds on a mixture-of-experts model's phases."""
+    names = sorted((one.free_symbols | two.free_symbols) - {zero}, key=str)
     for base in (1009, 7919):
         point = {x: sympy.Integer(base + 37 * i) for i, x in enumerate(names)}
-        if (one - two).xreplace(point) != 0:
+        if one.xreplace({**point, zero: sympy.S.Zero}) != two.xreplace(point):
             return False
     return True
 
@@ -133,7 +139,7 @@ def _split_group(
         if sym in zeros or sym in nonzero:
             continue
         empty = phase_exprs(setup, zeros=zeros | {sym})
-        if not all(_same(exprs[k].xreplace({sym: 0}), empty[k]) for k in PHASES):
+        if not all(_same(exprs[k], empty[k], sym) for k in PHASES):
             return i
     return None
 
@@ -319,6 +325,12 @@ def build() -> dict[str, Any]:
 
 
 def _build() -> dict[str, Any]:
+    # a Setup field the page neither branches on, nor puts in as a number, nor refuses would be
+    # a silently ignored input
+    known = {*FEATURES_OF_FIELD, *RUN_SYMBOLS.values(), *UNCOMPILED, "model", "gpu"}
+    unknown = [f.name for f in dataclasses.fields(Setup) if f.name not in known]
+    if unknown:
+        raise SystemExit(f"calculator_build: Setup fields not compiled: {', '.join(unknown)}")
     names = model_names()
     specs = {name: load_model(name) for name in names}
     # per row, a class of presets whose compiled tables agree
@@ -480,6 +492,7 @@ def _build() -> dict[str, Any]:
             for sym, (group, backward) in zip(GROUP_SYMBOLS, GROUP_SUMS, strict=True)
         ],
         "invalid": invalid,
+        "uncompiled": list(UNCOMPILED),
         "features": {k: list(v) for k, v in FEATURES.items()},
         "targets": list(TARGET_CHOICES),
         "rows": [

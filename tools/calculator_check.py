@@ -92,6 +92,11 @@ def random_setup(rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.5:
             kw["quant"] = rng.choice(QUANTS)
             kw["zero"] = min(kw["zero"], 2)
+    if spec.experts is not None and rng.random() < 0.5:
+        # expert parallelism: a divisor of the routed experts (the gpus made a multiple of it)
+        count = spec.experts.count
+        kw["ep"] = rng.choice([x for x in range(2, count + 1) if count % x == 0])
+        kw["gpus"] = kw["ep"] * rng.choice((1, 2, 4))
     if rng.random() < 0.1:
         kw["activation_model"] = rng.choice(("hf", "korthikanti"))
     if rng.random() < 0.2:
@@ -258,6 +263,7 @@ def check_form(driver: Any, base: str) -> tuple[list[str], list[str]]:
             "zero": 1,
             "gpus": 64,
         },
+        {"model": "mixtral-8x7b", "ep": 8, "gpus": 8, "zero": 1, "gpu": "H100-80GB"},
     ]
     for case in cases:
         driver.get(f"{base}/{PAGE}")
@@ -284,7 +290,7 @@ def check_form(driver: Any, base: str) -> tuple[list[str], list[str]]:
         if again != rows:
             problems.append(f"form {case}: the link {hash_} does not reproduce the table")
     bad = [("micro_batch", "--batch", "0"), ("seq_len", "--seq", "2.5"), ("gpus", "--gpus", "-3"),
-           ("tp", "--tp", "3")]  # fmt: skip
+           ("tp", "--tp", "3"), ("ep", "--ep", "3")]  # fmt: skip
     checked = 0
     for name, flag, text in bad:
         driver.get(f"{base}/{PAGE}")

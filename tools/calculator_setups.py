@@ -46,6 +46,7 @@ FEATURES: dict[str, tuple[Any, ...]] = {
     "activation_model": ACTIVATION_MODELS,
     "tp>1": (False, True),
     "pp>1": (False, True),
+    "ep>1": (False, True),
     "schedule": SCHEDULES,
     "lora": (False, True),
     "lora_targets": TARGET_CHOICES,
@@ -69,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "activation_model": "auto",
     "tp>1": False,
     "pp>1": False,
+    "ep>1": False,
     "schedule": "1f1b",
     "lora": False,
     "lora_targets": "q,v",
@@ -89,6 +91,8 @@ PROBES: tuple[dict[str, Any], ...] = (
     {"zero": 2, "offload_optimizer": True},
     {"zero": 3, "offload_optimizer": True, "offload_params": True},
     {"tp>1": True},
+    {"ep>1": True},
+    {"ep>1": True, "zero": 3, "lora": True},
     {"pp>1": True, "tp>1": True, "sp": True},
     {"recompute": "full"},
     {"attention": "eager"},
@@ -172,6 +176,8 @@ def _setup_kwargs(spec: Any, f: dict[str, Any]) -> dict[str, Any] | None:
         kw["tp"] = tp
     if f["pp>1"]:
         kw["pp"] = 2
+    if f["ep>1"]:
+        kw["ep"] = 2
     if f["schedule"] == "interleaved":
         kw["chunks"] = 2
     if f["lora"]:
@@ -182,11 +188,31 @@ def _setup_kwargs(spec: Any, f: dict[str, Any]) -> dict[str, Any] | None:
     return kw
 
 
+#: What the page says for a mixture-of-experts or latent-attention model under Korthikanti-style
+#: activations: its states are those of the busiest pipeline rank, which vrammath.moe_layout
+#: finds by counting each stage's parameters for the run's numbers, not as one expression.
+KORTHIKANTI_MOE_REFUSAL = (
+    "activation_model: a mixture-of-experts or latent-attention model under Korthikanti-style "
+    "activations (--tp or --pp above 1, selective recomputation, or --activations korthikanti) "
+    "keeps the states of its busiest pipeline rank, which vrammath.moe_layout counts for the "
+    "run's numbers; the calculator does not compile that (use the CLI)"
+)
+_MADE: dict[tuple[Any, ...], Setup | str] = {}
+
+
 def make_setup(
     spec: Any, feats: dict[str, Any], *, repair: bool = True, pairs: bool = False
 ) -> Setup | str:
     """A valid Setup with these feature values, the others at their defaults or, where the
-    defaults refuse it, at a repaired choice; else the library's message for the first try."""
+    defaults refuse it, at a repaired choice; else the library's message for the first try.
+    (Memoized: the generator asks for the same setups for every row.)"""
+    key = (id(spec), spec.name, tuple(sorted(feats.items(), key=str)), repair, pairs)
+    if key not in _MADE:
+        _MADE[key] = _make_setup(spec, feats, repair=repair, pairs=pairs)
+    return _MADE[key]
+
+
+def _make_setup(spec: Any, feats: dict[str, Any], *, repair: bool, pairs: bool) -> Setup | str:
     first = ""
     # single repairs first, then pairs of them (sp needs tp > 1, offload needs a ZeRO stage)
     changes = list(REPAIRS)
@@ -199,9 +225,14 @@ def make_setup(
             first = first or "tp: the model has no tensor-parallel size above 1"
             continue
         try:
-            return Setup(spec, **kw)
+            setup = Setup(spec, **kw)
         except InputError as err:
             first = first or str(err)
+            continue
+        if setup.korthikanti_moe:
+            first = first or KORTHIKANTI_MOE_REFUSAL
+            continue
+        return setup
     return first
 
 
@@ -214,6 +245,7 @@ FEATURES_OF_FIELD: dict[str, tuple[str, ...]] = {
     **{name: (name,) for name in FEATURES},
     "tp": ("tp>1",),
     "pp": ("pp>1",),
+    "ep": ("ep>1",),
     "lora_rank": ("lora",),
     "activation_formula": ("activation_model", "tp>1", "pp>1", "recompute"),
     "chunks": ("schedule",),
@@ -253,7 +285,19 @@ def _refusal(spec: Any, **kw: Any) -> str:
 def numeric_messages(spec: Any) -> dict[str, Any]:
     """The library's messages for numbers checked against the model, ``{got}`` for the value."""
     big_pp, big_chunks = spec.layers + 1, spec.layers
+    experts: dict[str, Any] = {"epNone": _refusal(spec, ep=2).replace("(got 2)", "(got {got})")}
+    if spec.experts is not None:
+        count = spec.experts.count
+        bad = next(x for x in range(2, count + 2) if count % x)
+        experts = {
+            "experts": count,
+            "epExperts": _refusal(spec, ep=bad, gpus=bad).replace(f"(got {bad})", "(got {got})"),
+            "epGpus": _refusal(spec, ep=2, gpus=3)
+            .replace("(got 2)", "(got {got})")
+            .replace("--gpus=3", "--gpus={gpus}"),
+        }
     return {
+        **experts,
         "ppBig": _refusal(spec, pp=big_pp).replace(f"(got {big_pp})", "(got {got})"),
         "chunksOne": _refusal(spec, pp=2, schedule="interleaved", chunks=1),
         "chunksBig": _refusal(spec, pp=2, schedule="interleaved", chunks=big_chunks).replace(

@@ -95,6 +95,7 @@ function vmEngine(D) {
   function featureValue(setup, name) {
     if (name === "tp>1") return setup.tp > 1;
     if (name === "pp>1") return setup.pp > 1;
+    if (name === "ep>1") return setup.ep > 1;
     if (name === "lora") return setup.lora_rank !== null && setup.lora_rank !== undefined;
     if (name === "lora_targets") return targetKey(setup.lora_targets);
     const value = setup[name];
@@ -142,6 +143,18 @@ function vmEngine(D) {
     if (targetKey(setup.lora_targets) === undefined) {
       return `lora_targets: the calculator offers ${D.targets.join("; ")} (others: the CLI)`;
     }
+    // fields only Korthikanti-style mixture-of-experts layouts read, which the calculator refuses
+    for (const name of D.uncompiled) {
+      if (JSON.stringify(setup[name]) !== JSON.stringify(D.defaults[name])) {
+        return `${name}: the calculator keeps the default (${shown(D.defaults[name])}); it is read only by the Korthikanti-style mixture-of-experts layouts (use the CLI)`;
+      }
+    }
+    const fill = (tpl, got) => tpl.replace("{got}", String(got));
+    if (setup.ep !== 1) {  // vrammath.moe.check_ep, its messages
+      if (!pre.msg.experts) return fill(pre.msg.epNone, setup.ep);
+      if (pre.msg.experts % setup.ep) return fill(pre.msg.epExperts, setup.ep);
+      if (setup.gpus % setup.ep) return fill(pre.msg.epGpus, setup.ep).replace("{gpus}", String(setup.gpus));
+    }
     const feats = Object.keys(D.features);
     const pairs = D.invalid[pre.cls];
     for (let i = 0; i < feats.length; i++) {
@@ -153,7 +166,6 @@ function vmEngine(D) {
       }
     }
     // the numbers the library checks against the model (its messages, the value filled in)
-    const fill = (tpl, got) => tpl.replace("{got}", String(got));
     const tpMsg = tpRefusal(pre.tp, pre.heads)(setup.tp);
     if (tpMsg) return tpMsg;
     if (setup.pp > pre.layers) return fill(pre.msg.ppBig, setup.pp);
@@ -454,7 +466,7 @@ function vmPage() {
   const both = (bytes) => `${fmt(bytes, "GB")} / ${fmt(bytes, "GiB")}`;
   const TRAIN = ["model", "gpu", "recipe", "optimizer", "implementation", "zero", "gpus", "shard",
     "offload_optimizer", "offload_params", "micro_batch", "seq_len", "attention", "recompute",
-    "keep_outputs", "tp", "sp", "pp", "schedule", "chunks", "lora_rank", "lora_targets", "quant",
+    "keep_outputs", "tp", "sp", "pp", "ep", "schedule", "chunks", "lora_rank", "lora_targets", "quant",
     "lora_dropout", "activation_model", "iteration", "device"];
   const SERVE = ["model", "gpu", "weights", "kv_dtype", "context", "batch", "tp", "block", "gpu_util"];
   const GROUP_NAMES = { other: "phase transients" };
