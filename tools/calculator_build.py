@@ -111,10 +111,12 @@ def phase_exprs(
             on_groups()
         return Groups(*(sympy.S.Zero if g in zeros else g for g in GROUP_SYMBOLS))
 
-    # the rows only feed the group totals, which are symbols here: build none of them
+    # the rows only feed the group totals, which are symbols here: build none of them, and
+    # evaluate none (the values feed only the rows' numbers)
     with (
         mock.patch.object(est_mod, "_groups", side_effect=groups),
         mock.patch.object(est_mod, "_built", return_value=sympy.S.Zero),
+        mock.patch.object(est_mod, "_values", return_value={}),
     ):
         return dict(est_mod.estimate(setup).phase_exprs)
 
@@ -432,17 +434,21 @@ def _build() -> dict[str, Any]:
     for name, spec in specs.items():
         # the model's numbers as vrammath.estimate._values gives them (the run's are the form's)
         values = {
-            str(k): v for k, v in est_mod._values(Setup(spec)).items() if k not in RUN_SYMBOLS
+            str(k): v
+            for k, v in est_mod._values(Context(Setup(spec))).items()
+            if k not in RUN_SYMBOLS
         }
         tp_data = tp_messages(functools.partial(setup_tp, spec), spec.heads)
         tps = [x for x in range(1, spec.heads + 1) if x not in tp_data["refused"]]
         # P on the fullest tensor/pipeline rank (vrammath.estimate._values), per tp the values
         # for pp = 1, 2, ... run-length encoded as [value, repeats, ...]
         rank_p: dict[int, list[int]] = {}
-        for tp in tps:
+        # (a mixture-of-experts model's other layouts are refused: calculator_setups)
+        moe = spec.experts is not None or spec.latent is not None
+        for tp in [1] if moe else tps:
             runs: list[int] = []
-            for pp in range(1, spec.layers + 1):
-                value = est_mod._values(Setup(spec, tp=tp, pp=pp))[P]
+            for pp in range(1, 2 if moe else spec.layers + 1):
+                value = est_mod._values(Context(Setup(spec, tp=tp, pp=pp)))[P]
                 if runs and runs[-2] == value:
                     runs[-1] += 1
                 else:

@@ -142,6 +142,8 @@ REPAIRS: tuple[dict[str, Any], ...] = (
     {"lora": False, "quant": None},
     {"recompute": "selective"},
     {"activation_model": "korthikanti"},
+    # a model without the default q,v projections (GPT-2, GPT-NeoX, Phi-3) takes LoRA on these
+    {"lora_targets": "all-linear"},
 )
 
 
@@ -224,16 +226,30 @@ def _make_setup(spec: Any, feats: dict[str, Any], *, repair: bool, pairs: bool) 
         if kw is None:
             first = first or "tp: the model has no tensor-parallel size above 1"
             continue
-        try:
-            setup = Setup(spec, **kw)
-        except InputError as err:
-            first = first or str(err)
+        setup = _construct(spec, kw)
+        if isinstance(setup, str):
+            first = first or setup
             continue
         if setup.korthikanti_moe:
             first = first or KORTHIKANTI_MOE_REFUSAL
             continue
         return setup
     return first
+
+
+_BUILT: dict[tuple[Any, ...], Setup | str] = {}
+
+
+def _construct(spec: Any, kw: dict[str, Any]) -> Setup | str:
+    """``Setup(spec, **kw)`` or its message, once per keywords (a repair that changes only
+    features a node already fixes gives the keywords of another try again)."""
+    key = (id(spec), tuple(sorted(kw.items())))
+    if key not in _BUILT:
+        try:
+            _BUILT[key] = Setup(spec, **kw)
+        except InputError as err:
+            _BUILT[key] = str(err)
+    return _BUILT[key]
 
 
 def setup_tp(spec: Any, tp: int) -> Setup:
