@@ -186,7 +186,7 @@ def calculator_digest() -> str:
     """SHA-256 of what the calculator's data is made from: the package, the presets and the
     generator (the browser check is not among them)."""
     sources = [*sorted((ROOT / "vrammath").rglob("*.py")), *sorted((ROOT / "conf").rglob("*"))]
-    parts = ("build", "printer", "serve", "setups")
+    parts = ("build", "printer", "serve", "setups", "trees")
     sources += [ROOT / "tools" / f"calculator_{part}.py" for part in parts]
     digest = hashlib.sha256()
     for path in sources:

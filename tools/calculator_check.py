@@ -290,7 +290,8 @@ def check_form(driver: Any, base: str) -> tuple[list[str], list[str]]:
         if again != rows:
             problems.append(f"form {case}: the link {hash_} does not reproduce the table")
     bad = [("micro_batch", "--batch", "0"), ("seq_len", "--seq", "2.5"), ("gpus", "--gpus", "-3"),
-           ("tp", "--tp", "3"), ("ep", "--ep", "3")]  # fmt: skip
+           ("tp", "--tp", "3"), ("ep", "--ep", "3"), ("pp", "--pp", "2000000"),
+           ("lora_rank", "--lora-rank", "-1")]  # fmt: skip
     checked = 0
     for name, flag, text in bad:
         driver.get(f"{base}/{PAGE}")
@@ -388,6 +389,33 @@ def check_form(driver: Any, base: str) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
+def check_links(driver: Any, base: str, root: Path) -> tuple[list[str], list[str]]:
+    """Every "try it" link of the handbook (vmdocs.calculator_link) opens a computed setup."""
+    problems: list[str] = []
+    links: set[str] = set()
+    for page in sorted(root.rglob("*.html")):
+        for href in re.findall(
+            r'<p class="vm-try"><a href="[./]*calculator\.html#([^"]+)"', page.read_text()
+        ):
+            links.add(href.replace("&amp;", "&"))
+    for fragment in sorted(links):
+        driver.get("about:blank")  # a fresh page, as a reader following the link gets
+        driver.get(f"{base}/{PAGE}#{fragment}")
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script("return window.vrammath && window.vrammath.firstRenderAt")
+        )
+        rows = driver.find_elements(
+            By.CSS_SELECTOR, "#vm-components tr[data-key], #vm-sv-components tr[data-key]"
+        )
+        bad = driver.find_elements(By.CSS_SELECTOR, ".vm-status.vm-bad")
+        shown = [e.text for e in bad if e.is_displayed() and e.text]
+        if not rows or shown:
+            problems.append(f"link #{fragment}: no table ({'; '.join(shown) or 'nothing shown'})")
+    return [
+        f"calculator: {len(links)} 'try it' links of the handbook open a computed setup"
+    ], problems
+
+
 def first_render_ms(driver: Any, base: str) -> float:
     """Milliseconds from navigation start to the end of the first render (the median of 3)."""
     times = []
@@ -414,6 +442,9 @@ def check_calculator(driver: Any, base: str, root: Path) -> tuple[list[str], lis
     more_lines, more = check_form(driver, base)
     lines += more_lines
     problems += more
+    link_lines, link_problems = check_links(driver, base, root)
+    lines += link_lines
+    problems += link_problems
     ms = first_render_ms(driver, base)
     lines.append(f"calculator: first render {ms:.0f} ms after navigation start")
     if ms > FIRST_RENDER_BUDGET_MS:

@@ -118,6 +118,9 @@ PROBES: tuple[dict[str, Any], ...] = (
     {"recipe": "autocast-bf16", "lora": True, "lora_dropout": True},
     {"recipe": "bf16-pure", "lora": True, "lora_dropout": True, "device": "cpu"},
     {"lora": True, "lora_targets": "all-linear"},
+    # quantized bases on every linear (the models without q,v refuse the probes above)
+    {"lora": True, "lora_targets": "all-linear", "quant": "int8"},
+    {"lora": True, "lora_targets": "all-linear", "quant": "nf4", "recompute": "selective"},
     {"lora": True, "lora_targets": "q,k,v,o", "quant": "nf4", "attention": "eager"},
     {"recipe": "fp32", "attention": "eager", "recompute": "full"},
     {"recipe": "fp16-mixed", "recompute": "full", "iteration": "first"},

@@ -625,11 +625,20 @@ function vmPage() {
     }
     history.replaceState(null, "", "#" + parts.join("&"));
   }
+  // the forms as first built (the defaults): a link states its whole setup, the rest default
+  const INITIAL = {};
+  for (const [name, tab] of Object.entries(tabs)) {
+    INITIAL[name] = Object.fromEntries(Object.entries(tab.inputs).map(
+      ([k, input]) => [k, input.type === "checkbox" ? input.checked : input.value]));
+  }
   function readHash() {
     const text = location.hash.replace(/^#/, "");
     const pairs = text ? text.split("&").map((part) => part.split("=").map(decodeURIComponent)) : [];
     const tabName = (pairs.find(([k]) => k === "tab") || [null, "train"])[1] === "serve" ? "serve" : "train";
     select(tabName);
+    for (const [k, input] of Object.entries(tabs[tabName].inputs)) {
+      if (input.type === "checkbox") input.checked = INITIAL[tabName][k]; else input.value = INITIAL[tabName][k];
+    }
     for (const [k, raw] of pairs) {
       const input = tabs[tabName].inputs[k];
       if (!input || raw === undefined) continue;
