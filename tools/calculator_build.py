@@ -37,6 +37,7 @@ from calculator_setups import (
     FEATURES_OF_FIELD,
     TARGET_CHOICES,
     invalid_pairs,
+    model_neutral,
     numeric_messages,
     setup_tp,
 )
@@ -203,12 +204,12 @@ def _build() -> dict[str, Any]:
         if got is None:
             return 0
         if got[0] == "err":
-            return refused(got[1])
+            return refused(model_neutral(got[1], setup.model))
         return variant(funcs.add(_js(got[0])), labels.add(got[1]), texs.add(_tex(got[0])))
 
     def encode_phases(got: Any, setup: Setup) -> int:
         if got[0] == "err":
-            return refused(got[1])
+            return refused(model_neutral(got[1], setup.model))
         return phase_code(setup, frozenset(), frozenset())
 
     split_on: dict[Any, int | None] = {}
@@ -253,14 +254,14 @@ def _build() -> dict[str, Any]:
         }
         # the classes come from a few probes: a member whose own outputs differ from its
         # class's tree at sampled leaves gets a tree of its own (never a wrong number)
-        split = 0
+        split = []
         for name, rep in sorted(row_class[key].items()):
             if name != rep and not agrees(specs[name], per_rep[rep], read, encode, refused, key):
                 row_class[key][name] = name
                 per_rep[name] = grow(specs[name], read, encode, refused)
-                split += 1
+                split.append(f"{name} from {rep}")
         variants[key] = per_rep
-        _progress(f"tree {key}: {len(per_rep)} classes ({split} split off by the leaf check)")
+        _progress(f"tree {key}: {len(per_rep)} classes; split off by the leaf check: {split}")
     # the trees as a graph: each distinct subtree once, in nodes, referred to as [index]
     nodes = Pool()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 from vrammath.errors import InputError
@@ -205,6 +206,13 @@ KORTHIKANTI_MOE_REFUSAL = (
 _MADE: dict[tuple[Any, ...], Setup | str] = {}
 
 
+def model_neutral(message: str, spec: Any) -> str:
+    """``message`` with the preset's name as ``{model}``, which the page fills in: presets that
+    share a compiled tree share its refusals ("ep: must be 1 for llama-7b, which has no
+    experts"). Only the name followed by a space or a comma: a model_type (``gpt2``) stays."""
+    return re.sub(rf"(?<= ){re.escape(spec.name)}(?=[ ,])", "{model}", message)
+
+
 def make_setup(
     spec: Any, feats: dict[str, Any], *, repair: bool = True, pairs: bool = False
 ) -> Setup | str:
@@ -213,18 +221,35 @@ def make_setup(
     (Memoized: the generator asks for the same setups for every row.)"""
     key = (id(spec), spec.name, tuple(sorted(feats.items(), key=str)), repair, pairs)
     if key not in _MADE:
-        _MADE[key] = _make_setup(spec, feats, repair=repair, pairs=pairs)
+        made = _make_setup(spec, feats, repair=repair, pairs=pairs)
+        _MADE[key] = model_neutral(made, spec) if isinstance(made, str) else made
     return _MADE[key]
 
 
 def _make_setup(spec: Any, feats: dict[str, Any], *, repair: bool, pairs: bool) -> Setup | str:
     first = ""
+    korthikanti_moe = False
     # single repairs first, then pairs of them (sp needs tp > 1, offload needs a ZeRO stage)
     changes = list(REPAIRS)
     if pairs:
         changes += [{**x, **y} for x, y in itertools.combinations(REPAIRS[1:], 2)]
+    # what the node's own features need, whatever the repair: a quantized base, adapter dropout
+    # or a target set need adapters; offload needs a ZeRO stage; sp needs tp > 1; a pipeline
+    # schedule needs pp > 1 (so that a repair is left for what the library refuses besides)
+    implied: dict[str, Any] = {}
+    if feats.get("quant") is not None or feats.get("lora_dropout"):
+        implied["lora"] = True
+    if feats.get("offload_params"):
+        implied["zero"] = 3
+    elif feats.get("offload_optimizer"):
+        implied["zero"] = 2
+    if feats.get("sp"):
+        implied["tp>1"] = True
+    if feats.get("schedule", "1f1b") != "1f1b":
+        implied["pp>1"] = True
+    implied = {k: v for k, v in implied.items() if k not in feats} if repair else {}
     for change in changes if repair else [{}]:
-        f = {**DEFAULTS, **{k: v for k, v in change.items() if k not in feats}, **feats}
+        f = {**DEFAULTS, **{k: v for k, v in change.items() if k not in feats}, **implied, **feats}
         kw = _setup_kwargs(spec, f)
         if kw is None:
             first = first or "tp: the model has no tensor-parallel size above 1"
@@ -234,10 +259,12 @@ def _make_setup(spec: Any, feats: dict[str, Any], *, repair: bool, pairs: bool) 
             first = first or setup
             continue
         if setup.korthikanti_moe:
-            first = first or KORTHIKANTI_MOE_REFUSAL
+            korthikanti_moe = True
             continue
         return setup
-    return first
+    # the library takes the setup, the calculator does not: say so rather than the first try's
+    # message (deepseek-v3-fp8 "needs --activations korthikanti", which is the refused path)
+    return KORTHIKANTI_MOE_REFUSAL if korthikanti_moe else first
 
 
 _BUILT: dict[tuple[Any, ...], Setup | str] = {}

@@ -124,11 +124,22 @@ def row_read(term: Any, setup: Setup) -> tuple[Any, set[str]]:
 
 
 def phases_read(setup: Setup) -> tuple[Any, set[str]]:
-    """:func:`built_phases` for ``setup``, and what estimate read once the rows were summed into
-    the groups (or, where it refused before, what it read until then: a model it does not
-    compose refuses whatever the features)."""
+    """:func:`built_phases` for ``setup``, and what estimate read: in its checks of what it
+    composes (``_check_modelled``: a refusal may hang on any field) and once the rows were
+    summed into the groups (the rows' own reads are the rows' trees')."""
     reader = _Reader(setup)
-    return built_phases(cast(Setup, reader), reader.read.clear), reader.read
+    checked: set[str] = set()
+    check = est_mod._check_modelled
+
+    def checking(s: Any) -> None:
+        try:
+            check(s)
+        finally:
+            checked.update(reader.read)
+
+    with mock.patch.object(est_mod, "_check_modelled", side_effect=checking):
+        got = built_phases(cast(Setup, reader), reader.read.clear)
+    return got, reader.read | checked
 
 
 def grow(

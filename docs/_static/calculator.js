@@ -114,7 +114,11 @@ function vmEngine(D) {
       node = kids[i];
     }
     if (node === 0) return null;
-    return node < 0 ? { err: D.messages[-node - 1] } : D.entries[node - 1];
+    return node < 0 ? { err: named(D.messages[-node - 1], setup) } : D.entries[node - 1];
+  }
+  /** A refusal with the preset's name where the generator wrote {model} (shared trees). */
+  function named(message, setup) {
+    return message.replace("{model}", setup.model);
   }
   function withDefaults(setup) {
     const out = Object.assign({}, D.defaults, setup);
@@ -159,10 +163,10 @@ function vmEngine(D) {
     const pairs = D.invalid[pre.cls];
     for (let i = 0; i < feats.length; i++) {
       const ki = feats[i] + "=" + JSON.stringify(featureValue(setup, feats[i]));
-      if (ki in pairs) return D.messages[pairs[ki]];
+      if (ki in pairs) return named(D.messages[pairs[ki]], setup);
       for (let j = i + 1; j < feats.length; j++) {
         const kj = feats[j] + "=" + JSON.stringify(featureValue(setup, feats[j]));
-        if (ki + "&" + kj in pairs) return D.messages[pairs[ki + "&" + kj]];
+        if (ki + "&" + kj in pairs) return named(D.messages[pairs[ki + "&" + kj]], setup);
       }
     }
     // the numbers the library checks against the model (its messages, the value filled in)
