@@ -166,7 +166,7 @@ def measure(session: nox.Session) -> None:
 @nox.session
 def browser(session: nox.Session) -> None:
     """Open the built handbook in headless Chromium and check math, figures, search, console."""
-    session.install("selenium>=4.20")
+    session.install("selenium>=4.20", ".")  # the calculator check computes the expected bytes
     _ensure_chromium(session)
     if not (DOCS_OUT / "html" / "index.html").is_file():
         session.error("build the handbook first: nox -s docs")

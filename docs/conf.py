@@ -178,7 +178,43 @@ def stage_mathjax() -> Path:
     return MATHJAX_STAGE
 
 
-html_static_path = ["_static", str(stage_mathjax())]
+# --- the calculator's compiled expressions -------------------------------------------------------
+CALC_STAGE = BUILD / "_calculator_static"
+
+
+def calculator_digest() -> str:
+    """SHA-256 of what the calculator's data is made from: the package, the presets and the
+    generator (the browser check is not among them)."""
+    sources = [*sorted((ROOT / "vrammath").rglob("*.py")), *sorted((ROOT / "conf").rglob("*"))]
+    parts = ("build", "printer", "serve", "setups", "trees")
+    sources += [ROOT / "tools" / f"calculator_{part}.py" for part in parts]
+    digest = hashlib.sha256()
+    for path in sources:
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(ROOT).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def stage_calculator() -> Path:
+    """Compile the term table into the calculator's data (tools/calculator_build.py), again only
+    when the package, the presets or the generator changed: the output is cached in docs/_build
+    under :func:`calculator_digest`."""
+    digest = calculator_digest()
+    out = CALC_STAGE / "calculator-data.js"
+    stamp = CALC_STAGE / "source.txt"
+    if stamp.is_file() and stamp.read_text() == digest and out.is_file():
+        return CALC_STAGE
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "calculator_build.py"), str(out)],
+        check=True,
+    )
+    stamp.write_text(digest)
+    return CALC_STAGE
+
+
+html_static_path = ["_static", str(stage_mathjax()), str(stage_calculator())]
 mathjax_path = "mathjax/tex-chtml.js"  # relative to _static
 mathjax3_config = {
     "tex": {"tags": "ams"},

@@ -10,6 +10,7 @@ is shown). Nothing here adds, subtracts or re-derives a memory term.
   ``build-finished`` hook fails the build if two pages recorded different numbers for one name
   or if they differ from ``vrammath estimate ... --json`` for that setup.
 * :func:`fits_text` -- every "fits / does not fit" sentence, from :meth:`vrammath.Estimate.fits`.
+* :func:`calculator_link` -- a worked example's link to the calculator, the setup in its fragment.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import sympy
-from IPython.display import SVG, Markdown
+from IPython.display import HTML, SVG, Markdown
 from myst_nb import glue
 
 import vrammath as vm
@@ -102,6 +104,46 @@ def use_notation() -> None:
 
 
 use_notation()
+
+# --- links to the calculator --------------------------------------------------------------------
+
+
+def calculator_fragment(setup: vm.Setup | vm.Serve) -> str:
+    """The calculator's URL fragment for ``setup``: ``tab=serve`` for a serving setup, the model,
+    then every declared field that differs from its default, as the page writes it.
+
+    >>> calculator_fragment(vm.Setup(vm.load_model("llama-7b"), zero=3, gpus=8, sp=False))
+    'model=llama-7b&zero=3&gpus=8'
+    >>> calculator_fragment(vm.Serve(vm.load_model("llama-2-7b"), block=None, gpu="A100-80GB"))
+    'tab=serve&model=llama-2-7b&block=&gpu=A100-80GB'
+    """
+    from vrammath.fields import field_values
+
+    defaults = field_values(type(setup)(setup.model))
+    parts = ["tab=serve"] if isinstance(setup, vm.Serve) else []
+    parts.append("model=" + quote(setup.model.name, safe=""))
+    for key, value in field_values(setup).items():
+        if value == defaults[key]:
+            continue
+        if isinstance(value, list):
+            text = ",".join(value)
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        else:
+            text = "" if value is None else str(value)
+        parts.append(f"{quote(key, safe='')}={quote(text, safe=',')}")
+    return "&".join(parts)
+
+
+def calculator_link(
+    setup: vm.Setup | vm.Serve, page: str, text: str = "Try this setup in the calculator"
+) -> HTML:
+    """A link from ``page`` (``"handbook/activations"``) to the calculator with ``setup``
+    filled in (see :func:`calculator_fragment`)."""
+    up = "../" * page.count("/")
+    href = f"{up}calculator.html#{calculator_fragment(setup)}"
+    return HTML(f'<p class="vm-try"><a href="{href}">{text} &rarr;</a></p>')
+
 
 # --- named setups --------------------------------------------------------------------------------
 

@@ -454,3 +454,15 @@ def test_every_reader_reads_only_its_table() -> None:
         with pytest.raises(KeyError):
             k.has("not_in_any_table")
         assert not set(reader.keys) & set(reader.harmless), reader.model_type
+
+
+def test_every_public_name_exists() -> None:
+    """``from vrammath import *`` works: each name in ``vrammath.__all__`` is bound (FORMULAS and
+    formula_exprs were listed but not imported)."""
+    import vrammath
+
+    missing = [name for name in vrammath.__all__ if not hasattr(vrammath, name)]
+    assert missing == []
+    namespace: dict[str, object] = {}
+    exec("from vrammath import *", namespace)
+    assert "formula_exprs" in namespace

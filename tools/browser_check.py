@@ -10,6 +10,8 @@ It serves the built site from a local HTTP server on 127.0.0.1, visits every HTM
 * pages with math: MathJax typeset it (``mjx-container`` elements exist) without TeX errors;
 * pages with images: every ``<img>`` loaded (``naturalWidth > 0``);
 * the search page finds results for "ZeRO";
+* the calculator (``tools/calculator_check.py``): its bytes equal the library's over random
+  setups, its form renders and refuses bad input with the CLI's message, first render < 1 s;
 * layout, at 1400 px and at 390 px wide: the main text column does not overflow horizontally,
   no table sits in a collapsed block (a hidden code cell's "Show code cell content"), and at
   1400 px every table fits its column (a reader sees every column without scrolling).
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from calculator_check import check_calculator  # tools/, beside this script
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -45,7 +48,12 @@ SKIP_DIRS = {"_static", "_sources", "_images", "_downloads", ".doctrees", "jupyt
 SEARCH_TERM = "ZeRO"
 MATH_TIMEOUT_S = 30
 SEARCH_TIMEOUT_S = 30
-SCREENSHOT_PAGES = ("index.html", "handbook/quickstart.html", "reference/notation.html")
+SCREENSHOT_PAGES = (
+    "index.html",
+    "handbook/quickstart.html",
+    "reference/notation.html",
+    "calculator.html",
+)
 WIDTHS = (1400, 390)  # a desktop window and a phone, CSS pixels
 WIDE = WIDTHS[0]  # where every table must fit its column
 
@@ -309,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                 if (root / rel).is_file():
                     screenshot(driver, base, rel, saved_at)
         driver.set_window_size(1440, 1000)
+        calc_lines, calc_problems = check_calculator(driver, base, root)
+        failures.extend(f"calculator.html: {problem}" for problem in calc_problems)
         hits, search_problems = check_search(driver, base)
         failures.extend(f"search.html: {problem}" for problem in search_problems)
         saved = [
@@ -339,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  console errors:    {sum(len(r.console_errors) for r in reports)}")
     print(f"  external requests: {sum(len(r.external_requests) for r in reports)}")
     print(f"  layout checked at: {', '.join(f'{w} px' for w in WIDTHS)}")
+    for line in calc_lines:
+        print(f"  {line}")
     for path in saved:
         print(f"  screenshot:        {path}")
     if failures:

@@ -33,6 +33,7 @@ from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
 from vrammath.errors import InputError
 from vrammath.estimate import Component, Estimate, estimate
 from vrammath.fit import Fit, fewest_gpus, fit, largest_micro_batch, longest_sequence
+from vrammath.formulas import FORMULAS, formula_exprs
 from vrammath.inference import Serve, serve
 from vrammath.inverse import Solution, largest, smallest
 from vrammath.korthikanti import (

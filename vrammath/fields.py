@@ -85,14 +85,20 @@ def option(
     }
 
 
+_OPTIONS: dict[type, tuple[Option, ...]] = {}
+
+
 def options(cls: Any) -> tuple[Option, ...]:
-    """The :class:`Option` of every declared field of a dataclass, in field order."""
-    out = []
-    for f in dataclasses.fields(cls):
-        meta = f.metadata.get("option")
-        if meta is not None:
-            out.append(Option(name=f.name, **meta))
-    return tuple(out)
+    """The :class:`Option` of every declared field of a dataclass, in field order (read once
+    per class: every Setup checks its bounds with them)."""
+    if cls not in _OPTIONS:
+        out = []
+        for f in dataclasses.fields(cls):
+            meta = f.metadata.get("option")
+            if meta is not None:
+                out.append(Option(name=f.name, **meta))
+        _OPTIONS[cls] = tuple(out)
+    return _OPTIONS[cls]
 
 
 def check_bounds(record: Any) -> None:
