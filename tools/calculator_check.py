@@ -411,6 +411,12 @@ def check_links(driver: Any, base: str, root: Path) -> tuple[list[str], list[str
         shown = [e.text for e in bad if e.is_displayed() and e.text]
         if not rows or shown:
             problems.append(f"link #{fragment}: no table ({'; '.join(shown) or 'nothing shown'})")
+        # a long formula scrolls in its cell; the page itself never scrolls sideways
+        wide, width = driver.execute_script(
+            "const e = document.documentElement; return [e.scrollWidth, e.clientWidth];"
+        )
+        if wide > width + 1:
+            problems.append(f"link #{fragment}: the page is {wide} px wide in a {width} px window")
     return [
         f"calculator: {len(links)} 'try it' links of the handbook open a computed setup"
     ], problems
