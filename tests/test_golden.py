@@ -36,3 +36,14 @@ def test_matrix_estimates_unchanged() -> None:
     from vrammath.measure.matrix import ROWS, estimate_row
 
     assert {r["id"]: estimate_row(r) for r in ROWS} == GOLDEN["matrix"]
+
+
+def test_moved_lists_every_changed_leaf_with_its_change() -> None:
+    old = {"training": {"m/0": {"totals": {"gpu": 200, "cpu": 0}}, "m/1": {"refused": True}}}
+    new = {"training": {"m/0": {"totals": {"gpu": 150, "cpu": 0}}, "m/2": {"refused": True}}}
+    assert golden.moved(old, new) == [
+        "training/m/0/totals/gpu: 200 -> 150 (-25.00 %)",
+        "training/m/1: {'refused': True} -> (absent)",
+        "training/m/2: (absent) -> {'refused': True}",
+    ]
+    assert golden.moved(GOLDEN, GOLDEN) == []

@@ -3,7 +3,10 @@
 ``python tools/golden.py`` evaluates a fixed grid of training and serving setups over every
 preset (and the validation matrix's rows) and records only bytes: components, phases and totals.
 ``tests/test_golden.py`` recomputes the same grid and asserts that nothing moved. Regenerate only
-when a change is meant to move a number, and say which and why in the commit.
+when a change is meant to move a number, and say which and why in the commit: the script prints
+every key that moved (old -> new bytes and the relative change) before it writes, so the
+regenerated file is a reviewed diff. ``python tools/golden.py --check`` prints the same list and
+writes nothing (exit 1 when anything moved).
 """
 
 from __future__ import annotations
@@ -82,12 +85,46 @@ def golden() -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+def moved(old: Any, new: Any, key: str = "") -> list[str]:
+    """One line per leaf that differs between two golden trees: the key, old -> new, and the
+    relative change where both are numbers.
+
+    >>> moved({"a": {"x": 100, "y": 1}}, {"a": {"x": 110, "y": 1, "z": 2}})
+    ['a/x: 100 -> 110 (+10.00 %)', 'a/z: (absent) -> 2']
+    """
+    if isinstance(old, dict) and isinstance(new, dict):
+        lines: list[str] = []
+        for k in sorted(old.keys() | new.keys(), key=str):
+            sub = f"{key}/{k}" if key else str(k)
+            if k not in new:
+                lines.append(f"{sub}: {old[k]!r} -> (absent)")
+            elif k not in old:
+                lines.append(f"{sub}: (absent) -> {new[k]!r}")
+            else:
+                lines += moved(old[k], new[k], sub)
+        return lines
+    if old == new:
+        return []
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (old, new))
+    if numbers and old:
+        return [f"{key}: {old!r} -> {new!r} ({100 * (new - old) / old:+.2f} %)"]
+    return [f"{key}: {old!r} -> {new!r}"]
+
+
+def main(argv: list[str]) -> int:
+    new = golden()
+    old = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    lines = moved(old, new)
+    for line in lines:
+        print(line)
+    print(f"{len(lines)} key(s) moved", file=sys.stderr)
+    if "--check" in argv:
+        return 1 if lines else 0
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(golden(), indent=1, sort_keys=True) + "\n")
+    OUT.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
