@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,9 +11,9 @@ from vrammath.errors import InputError
 from vrammath.inference import Serve, serve
 from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from vrammath.model import from_hf_config
-from vrammath.params import param_count
+from vrammath.params import param_count, size_values, tensors
 from vrammath.presets import gpu, load_model
-from vrammath.serving_weights import serving_weight_bytes
+from vrammath.serving_weights import SERVE_QUANT_RULES, serving_weight_bytes
 
 KiB = 1024
 
@@ -86,6 +87,50 @@ def test_serving_weights_formats() -> None:
     tp8 = serving_weight_bytes(load_model("llama-2-70b"), "bf16", tp=8)["weights"]
     norms = (2 * 80 + 1) * 8192
     assert tp8 == 2 * ((param_count(load_model("llama-2-70b")) - norms) // 8 + norms)
+
+
+def test_quantized_serving_formats_quantize_the_experts() -> None:
+    # Mixtral-8x7B by hand: 32 layers, h 4096, 8 experts of I_e 14336, a_kv 8 of d 128, V 32000.
+    # GPTQ/AWQ quantize every decoder linear, experts included; embeddings, lm_head, norms and
+    # the router stay 16-bit (TheBloke/Mixtral-8x7B-v0.1-GPTQ, 4 bit 128 g: 23.8 GB on disk).
+    spec = load_model("mixtral-8x7b")
+    attention = 32 * (2 * 4096 * 4096 + 2 * 1024 * 4096)
+    experts = 32 * 8 * 3 * 14336 * 4096
+    sixteen_bit = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096 + 32 * 8 * 4096
+    assert param_count(spec) == attention + experts + sixteen_bit
+    int4 = serving_weight_bytes(spec, "int4")
+    assert int4["weights"] == (attention + experts) // 2 + 2 * sixteen_bit == 23_746_584_576
+    assert int4["quant_constants"] == (attention + experts) // 128 * 5 // 2
+    int8 = serving_weight_bytes(spec, "int8")
+    assert int8["weights"] == attention + experts + 2 * sixteen_bit
+    rows = 32 * (4096 + 2 * 1024 + 4096) + 32 * 8 * (2 * 14336 + 4096)  # one fp32 scale per row
+    assert int8["quant_constants"] == 4 * rows
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "deepseek-v3"])
+@pytest.mark.parametrize("weights", ["int4", "nf4", "int8"])
+def test_no_quantizable_parameter_stays_16_bit(model: str, weights: str) -> None:
+    # what stays 16-bit is exactly the embeddings, head, norms, router and biases
+    spec = load_model(model)
+    kept = sum(
+        t.count * t.numel
+        for t in tensors(spec)
+        if t.component in ("embedding", "positions", "head", "norms", "router") or len(t.shape) < 2
+    )
+    values = size_values(spec)
+    kept_n = int(sympy.sympify(kept).subs(values))
+    psi = param_count(spec)
+    per_param = {"int4": sympy.Rational(1, 2), "nf4": sympy.Rational(1, 2), "int8": 1}[weights]
+    got = serving_weight_bytes(spec, weights)["weights"]
+    assert got == 2 * kept_n + per_param * (psi - kept_n)
+
+
+def test_a_parameter_kind_without_a_serving_rule_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(SERVE_QUANT_RULES, "experts")
+    with pytest.raises(InputError, match="'experts'"):
+        serving_weight_bytes(load_model("mixtral-8x7b"), "int4")
 
 
 def test_fit_and_largest_batch() -> None:

@@ -15,21 +15,43 @@ References
 
 .. [1] Frantar et al. 2022, "GPTQ", arXiv:2210.17323; Lin et al. 2023, "AWQ", arXiv:2306.00978
    (4-bit weights with one fp16 scale and a 4-bit zero point per group of 128 inputs).
+.. [2] vLLM, ``vllm/model_executor/models/mixtral.py`` (``MixtralMoE``: the router is a
+   ``ReplicatedLinear`` built with ``quant_config=None``, the experts a ``FusedMoE`` built with
+   the checkpoint's ``quant_config``), ``vllm/model_executor/layers/quantization/gptq.py``,
+   ``awq.py`` and ``bitsandbytes.py`` (``BitsAndBytesMoEMethod``): a quantized serving
+   checkpoint quantizes every linear layer of the decoder, routed experts included; GPTQModel /
+   AutoAWQ leave ``lm_head`` and the embeddings in 16 bits.
 """
 
 from __future__ import annotations
 
 import sympy
 
-from vrammath.errors import one_of, positive_int
+from vrammath.errors import InputError, one_of, positive_int
 from vrammath.kv_cache import kv_heads_per_gpu_expr
 from vrammath.model import ModelSpec
 from vrammath.params import Tensor, param_count, size_values, tensors
-from vrammath.quant import quant_tensor_exprs, quantized_tensors
+from vrammath.quant import quant_tensor_exprs
 from vrammath.symbols import P, a, a_kv, t
 from vrammath.vocab import SERVE_WEIGHTS
 
 INT4_GROUP = 128  # GPTQ / AWQ default group size
+
+#: What a quantized serving checkpoint (GPTQ / AWQ int4, bitsandbytes NF4 and LLM.int8, as vLLM
+#: loads them; sources in the module's references) does with each kind of parameter: quantize
+#: its matrices, or keep them in 16 bits. Biases (1-D) stay in 16 bits whatever the kind.
+#: A kind not named here is refused rather than guessed.
+SERVE_QUANT_RULES: dict[str, bool] = {
+    "embedding": False,  # the input embedding is a lookup table, not a linear layer
+    "positions": False,
+    "attention": True,  # q/k/v/o, fused qkv, MLA's five projections
+    "mlp": True,
+    "shared_experts": True,
+    "experts": True,  # every routed expert's gate/up/down matrices (FusedMoE with quant_config)
+    "router": False,  # vLLM builds the router with quant_config=None
+    "norms": False,
+    "head": False,  # lm_head is excluded by GPTQModel, AutoAWQ and bitsandbytes
+}
 
 
 def _in_out(spec: ModelSpec, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr]:
@@ -37,6 +59,36 @@ def _in_out(spec: ModelSpec, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr]:
     if spec.model_type == "gpt2":
         return tensor.shape[0], tensor.shape[1]
     return tensor.shape[1], tensor.shape[0]
+
+
+def serve_matrices(spec: ModelSpec) -> list[tuple[Tensor, bool]]:
+    """Every parameter tensor as a serving checkpoint stores it, with whether it is quantized.
+
+    A stacked expert tensor ``(E, out, in)`` is ``E`` matrices ``(out, in)``, each quantized on
+    its own (its own groups, its own row scales), as a checkpoint stores one per expert.
+
+    >>> from vrammath.presets import load_model
+    >>> [(m.name, m.shape, m.count, q) for m, q in serve_matrices(load_model("mixtral-8x7b"))
+    ...  if m.component in ("experts", "router")]  # doctest: +NORMALIZE_WHITESPACE
+    [('mlp.gate.weight', (E, h), L_e, False),
+     ('mlp.experts.gate_up_proj', (2*I_e, h), E*L_e, True),
+     ('mlp.experts.down_proj', (h, I_e), E*L_e, True)]
+    """
+    out: list[tuple[Tensor, bool]] = []
+    for tensor in tensors(spec):
+        if tensor.component not in SERVE_QUANT_RULES:
+            raise InputError(
+                "weights",
+                f"no serving-format rule for the parameter kind {tensor.component!r} "
+                f"({tensor.name}); kinds with a rule: {', '.join(SERVE_QUANT_RULES)}",
+            )
+        quantized = SERVE_QUANT_RULES[tensor.component] and len(tensor.shape) >= 2
+        stored = tensor
+        if tensor.component == "experts" and len(tensor.shape) == 3:
+            experts, rows, cols = tensor.shape
+            stored = Tensor(tensor.name, (rows, cols), tensor.count * experts, tensor.component)
+        out.append((stored, quantized))
+    return out
 
 
 def _tp_share(tensor: Tensor) -> sympy.Expr:
@@ -69,8 +121,11 @@ def serving_weight_exprs(
       4 bytes per input row, is not counted).
     * ``nf4``: bitsandbytes NF4 with double quantization (see :mod:`vrammath.quant`).
 
-    Embeddings, the LM head and norms stay in 16 bits. With ``tp`` each GPU holds ``1/t`` of every
-    sharded matrix, a full copy of the norms (and of row-parallel biases), and
+    What is quantized follows :data:`SERVE_QUANT_RULES`: every linear layer of the decoder,
+    routed experts included (each expert's matrices on their own); embeddings, the LM head, the
+    router, norms and biases stay in 16 bits. With ``tp`` each GPU holds ``1/t`` of every
+    sharded matrix (an expert's intermediate dimension too, as vLLM's tensor-parallel MoE
+    splits it), a full copy of the norms, the router (and of row-parallel biases), and
     ``max(1, a_kv // t)`` heads of k and v.
 
     >>> from vrammath.presets import load_model
@@ -82,14 +137,11 @@ def serving_weight_exprs(
     positive_int("group", group)
     if weights in ("fp16", "bf16") and not tp:
         return {"weights": 2 * P, "quant_constants": sympy.Integer(0)}
-    quantized = (
-        {q.name for q in quantized_tensors(spec)} if weights not in ("fp16", "bf16") else set()
-    )
     codes = sympy.Integer(0)
     consts = sympy.Integer(0)
-    for tensor in tensors(spec):
+    for tensor, quantized in serve_matrices(spec):
         share = _tp_share(tensor) if tp else sympy.Integer(1)
-        if tensor.name not in quantized:
+        if not quantized or weights in ("fp16", "bf16"):
             codes += tensor.count * share * 2 * tensor.numel
             continue
         if weights == "int4":
@@ -120,4 +172,11 @@ def serving_weight_bytes(
     return {k: int(sympy.ceiling(v.subs(values))) for k, v in exprs.items()}
 
 
-__all__ = ["INT4_GROUP", "SERVE_WEIGHTS", "serving_weight_bytes", "serving_weight_exprs"]
+__all__ = [
+    "INT4_GROUP",
+    "SERVE_QUANT_RULES",
+    "SERVE_WEIGHTS",
+    "serve_matrices",
+    "serving_weight_bytes",
+    "serving_weight_exprs",
+]
