@@ -129,15 +129,20 @@ def build(session: nox.Session) -> None:
 def measure(session: nox.Session) -> None:
     """Measure real models with PyTorch's memory tracker and compare with vrammath (validation).
 
-    Runs the measurement tests, then re-measures the validation matrix and diffs it against the
-    committed validation/matrix.json (a changed number fails). `nox -s measure -- --regenerate`
-    rewrites the committed file instead.
+    By default the quick set (what CI runs): each measurement test's cases that show every
+    architecture, dtype, kernel and recipe once (tests/measure/conftest.py), the quick rows of
+    the validation matrix, every architecture of validation/archs.json and the engines' quick
+    rows, each diffed against the committed file (a changed number fails). `-- --full` runs
+    every case and every matrix row; `-- --regenerate` rewrites the committed files instead.
     """
     session.install(*MEASURE_DEPS, *_group("test"), "-e", ".")
     regenerate = "--regenerate" in session.posargs
-    args = [a for a in session.posargs if a != "--regenerate"]
-    session.run("pytest", "-m", "measure or gpu", "tests/measure", *args)
-    matrix = ["python", "-m", "vrammath.measure.matrix"]
+    full = "--full" in session.posargs or regenerate
+    args = [a for a in session.posargs if a not in ("--regenerate", "--full")]
+    session.run(
+        "pytest", "-m", "measure or gpu", "tests/measure", *(["--full"] if full else []), *args
+    )
+    matrix = ["python", "-m", "vrammath.measure.matrix", *([] if full else ["--quick"])]
     archs = ["python", "-m", "vrammath.measure.archs"]
     if regenerate:
         session.run(*matrix, "--out", "validation/matrix.json")
