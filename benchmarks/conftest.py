@@ -52,3 +52,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
                 f"({(RESULTS[key] - base) * 1e3:.0f} ms over a bare `python -c pass` of "
                 f"{base * 1e3:.0f} ms)"
             )
+    if "formula_slowest_s" in RESULTS:
+        tr.write_line(
+            f"formula --latex, every term of every preset ({RESULTS['formula_count']:.0f} "
+            f"calls): slowest {RESULTS['formula_slowest_s'] * 1e3:.0f} ms (target < 2000 ms)"
+        )

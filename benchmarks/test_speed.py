@@ -122,3 +122,33 @@ def test_cold_fit(benchmark, record) -> None:  # type: ignore[no-untyped-def]
     cmd += ["--seq", "4096", "--zero", "3", "--recompute", "full", "--offload-optimizer"]
     benchmark.pedantic(_cold, args=(cmd,), rounds=3, iterations=1)
     record["fit_s"] = benchmark.stats.stats.mean
+
+
+def _formula_times() -> dict[str, float]:
+    """Seconds of `vrammath formula TERM --latex --model PRESET` (in process) for every term of
+    every preset: the slowest is the figure (target under 2 s)."""
+    import contextlib
+    import io
+
+    from vrammath.cli import FORMULAS, main
+    from vrammath.presets import model_names
+
+    times: dict[str, float] = {}
+    for preset in model_names():
+        for term in FORMULAS:
+            started = time.perf_counter()
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
+                main(["formula", term, "--latex", "--model", preset])
+            times[f"{term} {preset}"] = time.perf_counter() - started
+    return times
+
+
+def test_formula_latex_every_term_every_preset(benchmark, record) -> None:  # type: ignore[no-untyped-def]
+    times = benchmark.pedantic(_formula_times, rounds=1, iterations=1)
+    slowest = max(times, key=times.__getitem__)
+    record["formula_slowest_s"] = times[slowest]
+    record["formula_count"] = len(times)
+    assert times[slowest] < 2.0, f"formula {slowest} --latex took {times[slowest]:.1f} s"

@@ -6,7 +6,7 @@ parallel, lora, quant, kv_cache, estimate); this module only chooses which to sh
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import sympy
 
@@ -20,10 +20,11 @@ from vrammath.layer_terms import hf_layer_bytes
 from vrammath.lora import lora_param_expr, lora_state_exprs, lora_step_temp_expr
 from vrammath.model import ModelSpec
 from vrammath.parallel import zero_communication_elements, zero_paper_bytes
-from vrammath.params import param_exprs, param_total_expr
+from vrammath.params import param_count, param_exprs, param_total_expr, size_values
 from vrammath.quant import frozen_base_exprs
 from vrammath.setup import Setup
 from vrammath.states import model_state_exprs, optimizer_step_temp_expr
+from vrammath.symbols import P
 from vrammath.vocab import (
     HF_RECOMPUTES,
     PARALLELS,
@@ -150,4 +151,64 @@ def formula_exprs(
     }
 
 
-__all__ = ["FORMULAS", "Formula", "formula_exprs"]
+def undominated(candidates: list[sympy.Basic]) -> list[sympy.Basic]:
+    """The candidates of a maximum that no other candidate bounds term by term.
+
+    Every symbol is positive, so where ``a - b`` expands to terms that are each a nonnegative
+    coefficient times a product known to be nonnegative, ``b`` can never be the maximum: it is
+    dropped (of equal candidates the first stays). A cheap, sound test: what it cannot decide
+    stays.
+
+    >>> from vrammath.symbols import b, s
+    >>> undominated([2 * b * s + 8, b * s + 8, 3 * s, b * s + 8])
+    [2*b*s + 8, 3*s]
+    """
+    polys = [sympy.expand(c).as_coefficients_dict() for c in candidates]
+    nonneg: dict[sympy.Basic, bool] = {}
+
+    def at_least(big: dict[sympy.Basic, Any], small: dict[sympy.Basic, Any]) -> bool:
+        for term in big.keys() | small.keys():
+            diff = big.get(term, 0) - small.get(term, 0)
+            if diff == 0:
+                continue
+            if term not in nonneg:
+                nonneg[term] = bool(term.is_nonnegative)
+            if diff < 0 or not nonneg[term]:
+                return False
+        return True
+
+    kept: list[int] = []
+    for i, poly in enumerate(polys):
+        if any(at_least(polys[j], poly) for j in kept):
+            continue
+        kept = [j for j in kept if not at_least(poly, polys[j])] + [i]
+    return [candidates[i] for i in sorted(kept)]
+
+
+def with_sizes(expr: sympy.Expr, spec: ModelSpec) -> sympy.Expr:
+    """``expr`` with the model's sizes (and its parameter count) put in.
+
+    A peak is a ``Max`` of candidates left unevaluated (see :mod:`vrammath.peak`); it stays
+    so here, its candidates each get the numbers, instead of sympy comparing polynomials in the
+    run symbols that remain (tens of seconds on DeepSeek-V3, deciding nothing).
+
+    >>> from vrammath.presets import load_model
+    >>> from vrammath.symbols import b, h, s
+    >>> with_sizes(sympy.Max(2 * b * s * h, 3 * h, evaluate=False), load_model("llama-7b"))
+    Max(12288, 8192*b*s)
+    """
+    sizes = {k: sympy.Integer(v) for k, v in {**size_values(spec), P: param_count(spec)}.items()}
+
+    def put(e: sympy.Basic) -> sympy.Basic:
+        if isinstance(e, sympy.Max):
+            return sympy.Max(*undominated([put(a) for a in e.args]), evaluate=False)
+        if isinstance(e, sympy.Min):
+            return sympy.Min(*(put(a) for a in e.args), evaluate=False)
+        if not e.has(sympy.Max, sympy.Min):
+            return e.xreplace(sizes)
+        return e.func(*(put(a) for a in e.args))
+
+    return sympy.sympify(put(sympy.sympify(expr)))
+
+
+__all__ = ["FORMULAS", "Formula", "formula_exprs", "undominated", "with_sizes"]
