@@ -15,6 +15,10 @@ Examples
 Traceback (most recent call last):
 ...
 vrammath.errors.InputError: batch: must be an integer from 1 to 16777216 (got 1073741824)
+>>> check_bounds(Run(batch=None))
+Traceback (most recent call last):
+...
+vrammath.errors.InputError: batch: must be an integer from 1 to 16777216 (got None)
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ class Option:
     high: int | None = None
     kind: str = "value"
     short: str | None = None
+    optional: bool = False  # None is a value of the field (its type says ``| None``)
 
     def check_int(self, value: object) -> None:
-        """Refuse a non-integer or one outside ``[low, high]``, naming both bounds."""
+        """Refuse a non-integer or one outside ``[low, high]``, naming both bounds; ``None``
+        only where the field's type admits it."""
         if self.low is None and self.high is None:
             return
-        if value is None:
+        if value is None and self.optional:
             return
         if (
             isinstance(value, bool)
@@ -96,7 +102,8 @@ def options(cls: Any) -> tuple[Option, ...]:
         for f in dataclasses.fields(cls):
             meta = f.metadata.get("option")
             if meta is not None:
-                out.append(Option(name=f.name, **meta))
+                optional = "None" in str(f.type).replace(" ", "").split("|")
+                out.append(Option(name=f.name, **meta, optional=optional))
         _OPTIONS[cls] = tuple(out)
     return _OPTIONS[cls]
 

@@ -132,19 +132,29 @@ class _Shown(str):
         return str(self)
 
 
-@cache
 def load_model(name: str) -> ModelSpec:
-    """The :class:`ModelSpec` of a preset name (see :func:`model_names`)."""
+    """The :class:`ModelSpec` of a preset name (see :func:`model_names`).
+
+    >>> load_model(["llama-7b"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    vrammath.errors.InputError: model: must be one of deepseek-v3, ... (got ['llama-7b'])
+    """
     names = model_names()
-    if name not in names:
+    if not isinstance(name, str) or name not in names:  # checked before the cache hashes it
         raise one_of("model", name, names)
+    return _load_preset(name)
+
+
+@cache
+def _load_preset(name: str) -> ModelSpec:
     path = conf_dir() / "models" / f"{name}.json"
     return from_hf_config(parse_config_text(path.read_text(encoding="utf-8"), path.name), name=name)
 
 
 def raw_config(name: str) -> dict[str, object]:
     """The verbatim config.json of a preset, as parsed JSON."""
-    if name not in model_names():
+    if not isinstance(name, str) or name not in model_names():
         raise one_of("model", name, model_names())
     path = conf_dir() / "models" / f"{name}.json"
     return parse_config_text(path.read_text(encoding="utf-8"), path.name)

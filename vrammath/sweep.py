@@ -257,7 +257,12 @@ def sweep(
     >>> int(out[1]) == est.gpu_bytes
     True
     """
-    import numpy as np
+    try:
+        import numpy as np
+    except ImportError:
+        raise InputError(
+            "axes", "sweep() needs the 'numpy' extra (pip install 'vrammath[numpy]')"
+        ) from None
 
     est = _estimate(est)
     terms = gpu_terms(est)

@@ -88,7 +88,7 @@ def read_config(cfg: Mapping[str, object], name: str | None = None) -> ModelSpec
     if not isinstance(cfg, Mapping):
         raise InputError("config", "must be a JSON object", got=type(cfg).__name__)
     model_type = cfg.get("model_type")
-    if model_type not in READERS:
+    if not isinstance(model_type, str) or model_type not in READERS:
         # no formula for it yet: derive measures any type transformers can build
         raise InputError(
             "model_type",
