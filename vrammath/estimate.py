@@ -260,8 +260,9 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
     )
 
 
-def _check_modelled(setup: Setup) -> None:
-    """Refuse what the composition does not describe yet, naming what is missing."""
+def check_modelled(setup: Setup) -> None:
+    """Refuse what the composition does not describe yet, naming what is missing: what
+    :func:`estimate` checks before it composes (a plan skips the variants it refuses)."""
     from vrammath.activations import MOE_ACTIVATION_TYPES
     from vrammath.setup import PRECISION_OF
 
@@ -399,7 +400,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     terms : tuple of vrammath.term_context.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.terms`).
     """
-    _check_modelled(setup)
+    check_modelled(setup)
     ctx = Context(setup)
     values = _values(ctx)
     built: list[tuple[Term, sympy.Expr]] = []
@@ -446,5 +447,6 @@ __all__ = [
     "PHASES",
     "Component",
     "Estimate",
+    "check_modelled",
     "estimate",
 ]

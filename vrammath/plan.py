@@ -33,7 +33,7 @@ import sympy
 
 from vrammath.budget import Budget, HostCheck, host_check, setup_budget
 from vrammath.errors import InputError
-from vrammath.estimate import Estimate, estimate
+from vrammath.estimate import Estimate, check_modelled, estimate
 from vrammath.parallel import STAGES, zero_communication_elements
 from vrammath.params import layer_param_count
 from vrammath.setup import RECOMPUTE, Setup, with_changes
@@ -231,6 +231,7 @@ def candidates(
                         offload_params=par,
                         recompute=policy,
                     )
+                    check_modelled(variant)  # e.g. full recomputation on the Korthikanti MoE path
                 except InputError:
                     continue
                 out.append(variant)

@@ -195,8 +195,9 @@ def _deepseek_v3_extra(k: Keys) -> Extra:
         )
     layers = k.size("num_hidden_layers")
     dense = bounded_int("first_k_dense_replace", k.raw("first_k_dense_replace", 3), low=0)
-    if dense > layers:
-        raise InputError("first_k_dense_replace", f"must be at most {layers}", got=dense)
+    # transformers' DeepseekV3DecoderLayer builds a MoE block only where layer_idx >=
+    # first_k_dense_replace: a larger value makes every layer dense
+    dense = min(dense, layers)
     intermediate = k.size("moe_intermediate_size")
     shared = bounded_int("n_shared_experts", k.raw("n_shared_experts", 1), low=0)
     experts = Experts(
