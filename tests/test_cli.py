@@ -392,7 +392,7 @@ def test_capacity_factor_and_imbalance_flags(capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--imbalance", "0.5"], "imbalance: must be a number from 1 (got 0.5)"),
+        (["--imbalance", "0.5"], "imbalance: must be a number from 1 to 1024 (got 0.5)"),
         (["--capacity-factor", "0"], "capacity_factor: must be a number above 0"),
         (["--capacity-factor", "-1"], "capacity_factor: must be a number above 0"),
         (["--capacity-factor", "abc"], "capacity-factor: must be a number (got 'abc')"),

@@ -279,6 +279,24 @@ def target_modules(spec: ModelSpec) -> dict[str, str]:
     return out
 
 
+def default_targets_refusal(spec: ModelSpec, *, training: bool = False) -> InputError:
+    """The refusal when the user named no adapter targets and the default ``q,v`` is not a
+    projection of the model: it names the default, not a value the user never typed, and the
+    targets that work (for a ``training`` estimate: those it estimates).
+
+    >>> from vrammath.presets import load_model
+    >>> print(default_targets_refusal(load_model("gpt2")))  # doctest: +ELLIPSIS
+    lora_targets: q,v (the default) are not projections of gpt2; pass --lora-targets with one of ...
+    """
+    return InputError(
+        "lora_targets",
+        f"q,v (the default) are not projections of {spec.model_type}; pass "
+        "--lora-targets with one of "
+        + ", ".join(estimated_targets(spec) if training else allowed_targets(spec)),
+        got="q,v",
+    )
+
+
 def allowed_targets(spec: ModelSpec) -> tuple[str, ...]:
     """The names :func:`adapted_linears` accepts for ``spec``: its targets, the module names
     that are not ``<target>_proj``, and the groups.
@@ -484,6 +502,23 @@ def check_estimated_targets(spec: ModelSpec, targets: str | Sequence[str]) -> No
     """
     if not any(m.wraps_parameter for m in adapted_linears(spec, targets)):
         return
+    raise InputError(
+        "lora_targets",
+        f"adapters on the router or the experts are not in the training estimate of {spec.name} "
+        "(their states and kept activations: vrammath.lora); estimated: "
+        + ", ".join(estimated_targets(spec)),
+        got=",".join(lora_targets(targets)),
+    )
+
+
+def estimated_targets(spec: ModelSpec) -> tuple[str, ...]:
+    """The targets of :func:`allowed_targets` the training estimate takes (none that puts an
+    adapter on a parameter: the router, the experts).
+
+    >>> from vrammath.presets import load_model
+    >>> "experts" in estimated_targets(load_model("mixtral-8x7b"))
+    False
+    """
     allowed = []
     for name in allowed_targets(spec):
         try:
@@ -492,12 +527,7 @@ def check_estimated_targets(spec: ModelSpec, targets: str | Sequence[str]) -> No
             continue
         if not any(m.wraps_parameter for m in chosen):
             allowed.append(name)
-    raise InputError(
-        "lora_targets",
-        f"adapters on the router or the experts are not in the training estimate of {spec.name} "
-        "(their states and kept activations: vrammath.lora); estimated: " + ", ".join(allowed),
-        got=",".join(lora_targets(targets)),
-    )
+    return tuple(allowed)
 
 
 __all__ = [
@@ -514,6 +544,8 @@ __all__ = [
     "adapter_tensors",
     "allowed_targets",
     "check_estimated_targets",
+    "default_targets_refusal",
+    "estimated_targets",
     "lora_targets",
     "target_modules",
 ]

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,20 +26,19 @@ from typing import Any, NoReturn
 
 import sympy
 
-from vrammath.adapted import lora_targets
+from vrammath.adapted import default_targets_refusal, lora_targets
 from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.fields import Option, options
 from vrammath.fit import fit
-from vrammath.formulas import FORMULAS, formula_exprs
+from vrammath.formulas import FORMULAS, formula_exprs, with_sizes
 from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
 from vrammath.lora import lora_param_count
 from vrammath.parallel import zero_stage
-from vrammath.params import param_count, size_values
+from vrammath.params import param_count
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
-from vrammath.setup import Setup, setup_warnings
-from vrammath.symbols import P
+from vrammath.setup import DEFAULT_TARGETS, Setup, setup_warnings
 from vrammath.units import fmt_bytes, fmt_gb, fmt_gib
 from vrammath.vocab import (
     ATTENTIONS,
@@ -72,6 +72,10 @@ def _label(opt: Option) -> str:
     return (opt.flag or opt.name).removeprefix("--")
 
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]+")
+_ASCII_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _integer(opt: Option) -> Callable[[str], int]:
     label = _label(opt)
     allowed = f"must be an integer from {opt.low} to {opt.high}"
@@ -79,7 +83,8 @@ def _integer(opt: Option) -> Callable[[str], int]:
     def parse(text: str) -> int:
         digits = text.strip()
         # a length check first: int() of a 5,000-digit string raises, and nothing needs one
-        if not 0 < len(digits) <= 24 or not digits.lstrip("+-").isdigit():
+        # ASCII digits only: str.isdigit() also takes "٤", "１" and "²" (int() then fails on "²")
+        if not 0 < len(digits) <= 24 or not _ASCII_INT.fullmatch(digits):
             raise argparse.ArgumentTypeError(f"{label}: {allowed} (got {_shown(text)})")
         value = int(digits)
         if (opt.low is not None and value < opt.low) or (opt.high is not None and value > opt.high):
@@ -119,10 +124,9 @@ def _number(field: str, low: float, high: float, *, open_low: bool, open_high: b
     allowed = f"must be a number in {lo}{low:g}, {high:g}{hi}"
 
     def parse(text: str) -> float:
-        try:
-            value = float(text) if len(text) <= 40 else float("nan")
-        except ValueError:
-            value = float("nan")
+        # plain ASCII decimal notation: float() also takes "١.٥", "1_0", "inf" and "nan"
+        plain = len(text) <= 40 and _ASCII_NUMBER.fullmatch(text.strip()) is not None
+        value = float(text) if plain else float("nan")
         above = value > low if open_low else value >= low
         below = value < high if open_high else value <= high
         if not (above and below):  # NaN fails both
@@ -136,10 +140,9 @@ def _ratio(field: str) -> Any:
     """A finite number; its bounds are the field's own check (an InputError, exit 2)."""
 
     def parse(text: str) -> float:
-        try:
-            value = float(text) if len(text) <= 40 else float("nan")
-        except ValueError:
-            value = float("nan")
+        # plain ASCII decimal notation: float() also takes "١.٥", "1_0", "inf" and "nan"
+        plain = len(text) <= 40 and _ASCII_NUMBER.fullmatch(text.strip()) is not None
+        value = float(text) if plain else float("nan")
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{field}: must be a number (got {_shown(text)})")
         return value
@@ -199,7 +202,7 @@ def _add_formula_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     form.add_argument("--optimizer", type=_choices("optimizer", OPTIMIZERS), default="adamw")
     form.add_argument("--impl", type=_choices("impl", IMPLEMENTATIONS), default="foreach")
     form.add_argument("--attention", type=_choices("attention", ATTENTIONS), default="sdpa")
-    form.add_argument("--lora-targets", type=_targets, default=("q", "v"), dest="lora_targets")
+    form.add_argument("--lora-targets", type=_targets, default=None, dest="lora_targets")
     form.add_argument("--quant", type=_choices("quant", QUANTS), default="nf4")
     form.add_argument("--latex", action="store_true", help="LaTeX instead of plain text")
     _add_json(form)
@@ -375,22 +378,24 @@ def _cmd_fit(args: argparse.Namespace) -> Result:
 
 def _cmd_formula(args: argparse.Namespace) -> Result:
     spec = resolve_model(args.model) if args.model is not None else load_model(FORMULA_MODEL)
-    exprs = formula_exprs(
-        args.term,
-        spec,
-        recipe=args.recipe,
-        optimizer=args.optimizer,
-        implementation=args.impl,
-        stage=args.stage,
-        attention=args.attention,
-        lora_targets=args.lora_targets,
-        quant=args.quant,
-    )
+    try:
+        exprs = formula_exprs(
+            args.term,
+            spec,
+            recipe=args.recipe,
+            optimizer=args.optimizer,
+            implementation=args.impl,
+            stage=args.stage,
+            attention=args.attention,
+            lora_targets=args.lora_targets or DEFAULT_TARGETS,
+            quant=args.quant,
+        )
+    except InputError as err:
+        if args.lora_targets is None and err.field == "lora_targets":
+            raise default_targets_refusal(spec) from err  # not a value the user typed
+        raise
     if args.model is not None:
-        sizes = {
-            k: sympy.Integer(v) for k, v in {**size_values(spec), P: param_count(spec)}.items()
-        }
-        exprs = {k: v.xreplace(sizes) for k, v in exprs.items()}
+        exprs = {k: with_sizes(v, spec) for k, v in exprs.items()}
     render = sympy.latex if args.latex else str
     data = {
         "term": args.term,

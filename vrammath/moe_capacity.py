@@ -115,7 +115,10 @@ def ratio(field: str, value: object, low: float, high: float | None = None) -> s
     vrammath.errors.InputError: capacity_factor: must be a number above 0 (got 0)
     """
     bound = f"a number above {low:g}" if low == 0 else f"a number from {low:g}"
-    allowed = bound + (f" to {high:g}" if high is not None else "")
+    if high is None:
+        allowed = bound
+    else:
+        allowed = bound + (f" and at most {high:g}" if low == 0 else f" to {high:g}")
     if isinstance(value, sympy.Expr) and not value.is_number:
         return value
     if isinstance(value, sympy.Expr):
@@ -297,6 +300,11 @@ def dense_mlp_terms(
     return {k: sympy.expand(v) for k, v in out.items()}
 
 
+#: the largest capacity factor or imbalance accepted: past it the buffers outgrow any real run
+#: (and the byte counts any float), so the field is named instead of an overflow downstream
+MAX_RATIO = 1024
+
+
 def check_capacity(capacity_factor: object, imbalance: object) -> None:
     """Check a setup's ``capacity_factor`` (None or above 0) and ``imbalance`` (from 1), one
     line naming the field.
@@ -304,14 +312,15 @@ def check_capacity(capacity_factor: object, imbalance: object) -> None:
     >>> check_capacity(None, 0.9)
     Traceback (most recent call last):
     ...
-    vrammath.errors.InputError: imbalance: must be a number from 1 (got 0.9)
+    vrammath.errors.InputError: imbalance: must be a number from 1 to 1024 (got 0.9)
     """
     if capacity_factor is not None:
-        ratio("capacity_factor", capacity_factor, 0)
-    ratio("imbalance", imbalance, 1)
+        ratio("capacity_factor", capacity_factor, 0, MAX_RATIO)
+    ratio("imbalance", imbalance, 1, MAX_RATIO)
 
 
 __all__ = [
+    "MAX_RATIO",
     "Ratio",
     "check_capacity",
     "dense_mlp_terms",

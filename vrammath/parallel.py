@@ -48,7 +48,8 @@ def zero_stage(value: int | str) -> int:
         text = value.strip()
         if text in {"0", "1", "2", "3"}:
             return int(text)
-        if text.upper() in FSDP_STRATEGIES:
+        # ASCII only: str.upper() maps "ſ" (long s) to "S" and "ı" to "I"
+        if text.isascii() and text.upper() in FSDP_STRATEGIES:
             return FSDP_STRATEGIES[text.upper()]
     raise InputError("zero", "must be 0, 1, 2, 3 or " + ", ".join(FSDP_STRATEGIES), got=value)
 

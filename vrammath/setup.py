@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from vrammath.adapted import adapted_linears, allowed_targets, lora_targets
+from vrammath.adapted import adapted_linears, default_targets_refusal, lora_targets
 from vrammath.errors import InputError
 from vrammath.fields import MAX_COUNT, MAX_TOKENS, check_bounds, option
 from vrammath.model import ModelSpec
@@ -198,9 +198,10 @@ class Setup:
         default=DEFAULT_TARGETS,
         metadata=option(
             "--lora-targets",
-            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused; router, "
-            "experts, shared_gate, q_a, q_b, kv_a, kv_b on MoE/MLA models), module names or "
-            "all-linear/attention/mlp (default q,v; needs --lora-rank)",
+            "adapted projections: q,k,v,o,gate,up,down (qkv, gate_up where fused; "
+            "shared_gate, q_a, q_b, kv_a, kv_b on MoE/MLA models), module names or "
+            "all-linear/attention/mlp (default q,v; needs --lora-rank); router and experts: "
+            "vrammath formula lora only, the training estimate refuses them",
             kind="targets",
         ),
     )
@@ -485,12 +486,7 @@ class Setup:
             if self.lora_targets != DEFAULT_TARGETS:
                 raise
             # the user named no targets: say the default is what the model lacks
-            raise InputError(
-                "lora_targets",
-                f"q,v (the default) are not projections of {self.model.model_type}; pass "
-                "--lora-targets with one of " + ", ".join(allowed_targets(self.model)),
-                got="q,v",
-            ) from err
+            raise default_targets_refusal(self.model, training=True) from err
         if self.offload_optimizer or self.offload_params:
             raise InputError(
                 "offload", "is not estimated with LoRA (use --zero without offload)", got="offload"
