@@ -417,7 +417,10 @@ def test_one_f_one_b_and_other_policies_through_estimate() -> None:
         ({"schedule": "interleaved", "chunks": 2}, "schedule: must be one of 1f1b, dualpipe"),
         ({"optimizer": "adam8bit"}, "optimizer: must be one of adamw, adam, sgd, sgd-momentum"),
         ({"imbalance": 0.9}, "imbalance: must be a number from 1 to 1024 (got 0.9)"),
-        ({"capacity_factor": 0}, "capacity_factor: must be a number above 0 and at most 1024 (got 0)"),
+        (
+            {"capacity_factor": 0},
+            "capacity_factor: must be a number above 0 and at most 1024 (got 0)",
+        ),
         ({"activation_policy": "fp4"}, "activation_policy: must be one of auto, bf16-flash"),
     ],
 )
