@@ -125,11 +125,11 @@ def row_read(term: Any, setup: Setup) -> tuple[Any, set[str]]:
 
 def phases_read(setup: Setup) -> tuple[Any, set[str]]:
     """:func:`built_phases` for ``setup``, and what estimate read: in its checks of what it
-    composes (``_check_modelled``: a refusal may hang on any field) and once the rows were
+    composes (``check_modelled``: a refusal may hang on any field) and once the rows were
     summed into the groups (the rows' own reads are the rows' trees')."""
     reader = _Reader(setup)
     checked: set[str] = set()
-    check = est_mod._check_modelled
+    check = est_mod.check_modelled
 
     def checking(s: Any) -> None:
         try:
@@ -137,7 +137,7 @@ def phases_read(setup: Setup) -> tuple[Any, set[str]]:
         finally:
             checked.update(reader.read)
 
-    with mock.patch.object(est_mod, "_check_modelled", side_effect=checking):
+    with mock.patch.object(est_mod, "check_modelled", side_effect=checking):
         got = built_phases(cast(Setup, reader), reader.read.clear)
     return got, reader.read | checked
 
