@@ -435,6 +435,14 @@ class Setup:
         if self.imbalance != 1 and not routed:
             # transformers' grouped GEMM keeps b*s*k rows whatever the routing (measured)
             raise InputError("imbalance", why, got=self.imbalance)
+        if self.imbalance != 1 and self.capacity_factor is not None:
+            # with a capacity every expert's buffer is c_f*b*s*k/E rows whatever the routing
+            raise InputError(
+                "imbalance",
+                "is not read with --capacity-factor (capacity buffers do not depend on the "
+                "routing); it describes dropless routing",
+                got=self.imbalance,
+            )
         if self.korthikanti_moe:
             return
         if self.activation_policy != "auto":
