@@ -277,3 +277,29 @@ def test_imbalance_is_refused_beside_a_capacity_factor() -> None:
     with pytest.raises(InputError, match="^imbalance: is not read with --capacity-factor"):
         Setup(vm.load_model("mixtral-8x7b"), imbalance=2.0, **kw)
     Setup(vm.load_model("mixtral-8x7b"), **kw)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["llama-7b", "gpt2", "qwen2-7b"]), st.integers(1, 64))
+def test_shard_layout_without_sharding_is_refused(model: str, gpus: int) -> None:
+    with pytest.raises(InputError, match="^shard: is read only where ZeRO/FSDP shards"):
+        Setup(vm.load_model(model), shard="dim0", gpus=gpus, zero=0)
+    Setup(vm.load_model(model), shard="dim0", gpus=gpus, zero=3)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from(
+        [
+            {"activation_model": "korthikanti"},
+            {"tp": 8, "sp": True},
+            {"pp": 2},
+            {"recompute": "selective", "activation_model": "korthikanti"},
+        ]
+    )
+)
+def test_cpu_kernels_on_the_korthikanti_path_are_refused(megatron: dict[str, Any]) -> None:
+    spec = vm.load_model("gpt-175b")
+    with pytest.raises(InputError, match="^device: is read only by the HF-exact"):
+        Setup(spec, device="cpu", **megatron)
+    assert Setup(spec, **megatron).activation_formula == "korthikanti"
