@@ -7,6 +7,8 @@ Each class has a hypothesis strategy, so siblings of the cases that were found a
 from __future__ import annotations
 
 import builtins
+import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import vrammath as vm
 from vrammath.cli import main
 from vrammath.errors import InputError
 from vrammath.fields import options
+from vrammath.formulas import FORMULA_OPTIONS, FORMULAS
 from vrammath.inference import Serve
 from vrammath.setup import Setup
 
@@ -215,3 +218,88 @@ def test_non_ascii_digits_are_refused_naming_the_flag(
 def test_zero_takes_ascii_strategy_names_only(text: str) -> None:
     with pytest.raises(InputError, match="^zero: "):
         Setup(vm.load_model("llama-7b"), zero=text)  # type: ignore[arg-type]
+
+
+# --- class 4: a flag that changes nothing is refused -------------------------------------------
+
+FLAG_VALUES = {
+    "recipe": ("--recipe", "fp32"),
+    "optimizer": ("--optimizer", "sgd"),
+    "implementation": ("--impl", "fused"),
+    "stage": ("--stage", "2"),
+    "attention": ("--attention", "eager"),
+    "lora_targets": ("--lora-targets", "all-linear"),
+    "quant": ("--quant", "int8"),
+}
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(FORMULAS), st.sampled_from(sorted(FLAG_VALUES)))
+def test_formula_refuses_an_option_its_term_does_not_read(
+    capsys: pytest.CaptureFixture[str], term: str, option: str
+) -> None:
+    flag, value = FLAG_VALUES[option]
+    code = main(["formula", term, flag, value])
+    err = capsys.readouterr().err
+    if option in FORMULA_OPTIONS[term]:
+        assert code == 0, err
+    else:
+        assert code == 2
+        assert f"{flag[2:]}: is not read by formula {term}" in err
+
+
+def test_formula_options_change_what_they_claim_to_read() -> None:
+    # each option a term reads changes its text for some value: the table is not over-wide
+    others = {"recipe": ("fp32", "bf16-pure"), "optimizer": ("sgd", "adam8bit")}
+
+    def text(*argv: str) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            main(["formula", *argv])
+        return out.getvalue()
+
+    for term, names in FORMULA_OPTIONS.items():
+        base = text(term)
+        for name in names:
+            flag, value = FLAG_VALUES[name]
+            values = others.get(name, (value,))
+            assert any(text(term, flag, v) != base for v in values), (term, flag)
+
+
+def test_serve_refuses_a_block_without_paging(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "llama-7b", "--no-paging", "--block", "32"]) == 2
+    assert "block: is not read with --no-paging" in capsys.readouterr().err
+    assert main(["serve", "llama-7b", "--no-paging"]) == 0
+
+
+def test_imbalance_is_refused_beside_a_capacity_factor() -> None:
+    kw = {"activation_model": "korthikanti", "ep": 8, "gpus": 8, "capacity_factor": 1.25}
+    with pytest.raises(InputError, match="^imbalance: is not read with --capacity-factor"):
+        Setup(vm.load_model("mixtral-8x7b"), imbalance=2.0, **kw)
+    Setup(vm.load_model("mixtral-8x7b"), **kw)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["llama-7b", "gpt2", "qwen2-7b"]), st.integers(1, 64))
+def test_shard_layout_without_sharding_is_refused(model: str, gpus: int) -> None:
+    with pytest.raises(InputError, match="^shard: is read only where ZeRO/FSDP shards"):
+        Setup(vm.load_model(model), shard="dim0", gpus=gpus, zero=0)
+    Setup(vm.load_model(model), shard="dim0", gpus=gpus, zero=3)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from(
+        [
+            {"activation_model": "korthikanti"},
+            {"tp": 8, "sp": True},
+            {"pp": 2},
+            {"recompute": "selective", "activation_model": "korthikanti"},
+        ]
+    )
+)
+def test_cpu_kernels_on_the_korthikanti_path_are_refused(megatron: dict[str, Any]) -> None:
+    spec = vm.load_model("gpt-175b")
+    with pytest.raises(InputError, match="^device: is read only by the HF-exact"):
+        Setup(spec, device="cpu", **megatron)
+    assert Setup(spec, **megatron).activation_formula == "korthikanti"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import sympy
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vrammath.errors import InputError
@@ -12,7 +12,8 @@ from vrammath.inference import Serve, serve
 from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes
 from vrammath.model import from_hf_config
 from vrammath.params import param_count, size_values, tensors
-from vrammath.presets import gpu, load_model
+from vrammath.presets import gpu, load_model, model_names
+from vrammath.quant import QLORA_QUANT_RULES, quantized_tensors
 from vrammath.serving_weights import SERVE_QUANT_RULES, serving_weight_bytes
 
 KiB = 1024
@@ -107,8 +108,8 @@ def test_quantized_serving_formats_quantize_the_experts() -> None:
     assert int8["quant_constants"] == 4 * rows
 
 
-@pytest.mark.parametrize("model", ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "deepseek-v3"])
-@pytest.mark.parametrize("weights", ["int4", "nf4", "int8"])
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(model_names()), st.sampled_from(["int4", "nf4", "int8"]))
 def test_no_quantizable_parameter_stays_16_bit(model: str, weights: str) -> None:
     # what stays 16-bit is exactly the embeddings, head, norms, router and biases
     spec = load_model(model)
@@ -131,6 +132,14 @@ def test_a_parameter_kind_without_a_serving_rule_is_refused(
     monkeypatch.delitem(SERVE_QUANT_RULES, "experts")
     with pytest.raises(InputError, match="'experts'"):
         serving_weight_bytes(load_model("mixtral-8x7b"), "int4")
+
+
+def test_a_parameter_kind_without_a_qlora_rule_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(QLORA_QUANT_RULES, "router")
+    with pytest.raises(InputError, match="^quant: no quantization rule for the parameter kind"):
+        quantized_tensors(load_model("mixtral-8x7b"))
 
 
 def test_fit_and_largest_batch() -> None:

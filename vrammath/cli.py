@@ -32,13 +32,13 @@ from vrammath.errors import InputError, one_of
 from vrammath.estimate import estimate
 from vrammath.fields import Option, options
 from vrammath.fit import fit
-from vrammath.formulas import FORMULAS, formula_exprs, with_sizes
+from vrammath.formulas import FORMULA_OPTIONS, FORMULAS, formula_exprs, with_sizes
 from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
 from vrammath.lora import lora_param_count
 from vrammath.parallel import zero_stage
 from vrammath.params import param_count
 from vrammath.presets import load_gpus, load_model, model_names, resolve_model
-from vrammath.setup import DEFAULT_TARGETS, Setup, setup_warnings
+from vrammath.setup import Setup, setup_warnings
 from vrammath.units import fmt_bytes, fmt_gb, fmt_gib
 from vrammath.vocab import (
     ATTENTIONS,
@@ -197,13 +197,15 @@ def _add_formula_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
         help=f"substitute this model's sizes (b, s, N_d, t, p, r stay symbols); without it the "
         f"structure is {FORMULA_MODEL}'s and every size is a symbol",
     )
-    form.add_argument("--stage", type=_zero, default=0, help="ZeRO stage (zero, communication)")
-    form.add_argument("--recipe", type=_choices("recipe", RECIPE_NAMES), default="bf16-mixed")
-    form.add_argument("--optimizer", type=_choices("optimizer", OPTIMIZERS), default="adamw")
-    form.add_argument("--impl", type=_choices("impl", IMPLEMENTATIONS), default="foreach")
-    form.add_argument("--attention", type=_choices("attention", ATTENTIONS), default="sdpa")
-    form.add_argument("--lora-targets", type=_targets, default=None, dest="lora_targets")
-    form.add_argument("--quant", type=_choices("quant", QUANTS), default="nf4")
+    # defaults None: a flag the term does not read is refused (FORMULA_OPTIONS), so the CLI
+    # must know which were typed; the library's defaults fill the rest
+    form.add_argument("--stage", type=_zero, help="ZeRO stage (zero, communication, phases)")
+    form.add_argument("--recipe", type=_choices("recipe", RECIPE_NAMES))
+    form.add_argument("--optimizer", type=_choices("optimizer", OPTIMIZERS))
+    form.add_argument("--impl", type=_choices("impl", IMPLEMENTATIONS), dest="implementation")
+    form.add_argument("--attention", type=_choices("attention", ATTENTIONS))
+    form.add_argument("--lora-targets", type=_targets, dest="lora_targets")
+    form.add_argument("--quant", type=_choices("quant", QUANTS))
     form.add_argument("--latex", action="store_true", help="LaTeX instead of plain text")
     _add_json(form)
 
@@ -222,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("model", help=MODEL_HELP)
     _add_options(srv, Serve)
     srv.add_argument("--no-paging", action="store_true", help="unpaged cache (exact tokens)")
+    srv.set_defaults(block=_NOT_GIVEN)  # --no-paging refuses a typed --block
     _add_json(srv)
 
     fit_cmd = sub.add_parser(
@@ -345,8 +348,10 @@ def _serve_data(est: ServeEstimate) -> dict[str, Any]:
 
 def _cmd_serve(args: argparse.Namespace) -> Result:
     given = {o.name: getattr(args, o.name) for o in options(Serve) if o.flag is not None}
-    if args.no_paging:
-        given["block"] = None
+    if args.no_paging and given["block"] is not _NOT_GIVEN:
+        raise InputError("block", "is not read with --no-paging (an unpaged cache)", given["block"])
+    if given["block"] is _NOT_GIVEN:
+        given["block"] = None if args.no_paging else _SERVE_BLOCK
     setup = Serve(resolve_model(args.model), **given)
     est = serve(setup)
     head = (
@@ -376,20 +381,34 @@ def _cmd_fit(args: argparse.Namespace) -> Result:
     return "\n".join(answer.lines()), data
 
 
+_NOT_GIVEN: Any = object()  # a flag's default that tells "not typed" from any typed value
+_SERVE_BLOCK = next(f.default for f in dataclasses.fields(Serve) if f.name == "block")
+
+_FORMULA_FLAGS = {
+    "recipe": "--recipe",
+    "optimizer": "--optimizer",
+    "implementation": "--impl",
+    "stage": "--stage",
+    "attention": "--attention",
+    "lora_targets": "--lora-targets",
+    "quant": "--quant",
+}
+
+
 def _cmd_formula(args: argparse.Namespace) -> Result:
     spec = resolve_model(args.model) if args.model is not None else load_model(FORMULA_MODEL)
+    typed = {name: getattr(args, name) for name in _FORMULA_FLAGS}
+    typed = {name: value for name, value in typed.items() if value is not None}
+    for name, value in typed.items():
+        if name not in FORMULA_OPTIONS[args.term]:
+            reads = ", ".join(_FORMULA_FLAGS[n] for n in FORMULA_OPTIONS[args.term]) or "none"
+            raise InputError(
+                _FORMULA_FLAGS[name].removeprefix("--"),
+                f"is not read by formula {args.term} (its options: {reads})",
+                got=",".join(value) if isinstance(value, tuple) else value,
+            )
     try:
-        exprs = formula_exprs(
-            args.term,
-            spec,
-            recipe=args.recipe,
-            optimizer=args.optimizer,
-            implementation=args.impl,
-            stage=args.stage,
-            attention=args.attention,
-            lora_targets=args.lora_targets or DEFAULT_TARGETS,
-            quant=args.quant,
-        )
+        exprs = formula_exprs(args.term, spec, **typed)
     except InputError as err:
         if args.lora_targets is None and err.field == "lora_targets":
             raise default_targets_refusal(spec) from err  # not a value the user typed

@@ -58,6 +58,22 @@ Formula = Literal[
 FORMULAS: tuple[Formula, ...] = get_args(Formula)
 """The terms ``vrammath formula`` prints, in its order."""
 
+#: The options of :func:`formula_exprs` each term reads (the CLI refuses the others by name:
+#: a flag that changes nothing is not silently accepted).
+FORMULA_OPTIONS: dict[str, tuple[str, ...]] = {
+    "params": (),
+    "states": ("recipe", "optimizer"),
+    "zero": ("stage",),
+    "communication": ("stage",),
+    "activations": ("recipe", "attention"),
+    "logits": ("recipe",),
+    "temporaries": ("recipe", "optimizer", "implementation"),
+    "phases": ("recipe", "optimizer", "implementation", "stage", "attention"),
+    "lora": ("optimizer", "implementation", "lora_targets"),  # adapters fp32 whatever the recipe
+    "qlora": ("quant",),
+    "kv": (),
+}
+
 
 def formula_exprs(
     term: str,
@@ -211,4 +227,4 @@ def with_sizes(expr: sympy.Expr, spec: ModelSpec) -> sympy.Expr:
     return sympy.sympify(put(sympy.sympify(expr)))
 
 
-__all__ = ["FORMULAS", "Formula", "formula_exprs", "undominated", "with_sizes"]
+__all__ = ["FORMULAS", "FORMULA_OPTIONS", "Formula", "formula_exprs", "undominated", "with_sizes"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sympy
 
-from vrammath.errors import one_of
+from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
 from vrammath.params import Tensor, fp32_param_expr, size_values, tensors
 from vrammath.symbols import E, I_e, L_e, P, h
@@ -59,6 +59,23 @@ def nf4_published_bits_per_param(double_quant: bool = True) -> sympy.Expr:
     return four + sympy.Rational(32, NF4_BLOCK)
 
 
+#: What a 4-/8-bit load in transformers 5 (``replace_with_bnb_linear``) does with each kind of
+#: parameter: quantize it (an ``nn.Linear`` weight of the decoder) or keep it in the load dtype.
+#: Routed experts are 3-D parameters and the router a custom module, so both stay 16-bit (see
+#: :func:`quantized_tensors`); a kind not named here is refused rather than guessed.
+QLORA_QUANT_RULES: dict[str, bool] = {
+    "embedding": False,
+    "positions": False,
+    "attention": True,
+    "mlp": True,
+    "shared_experts": True,
+    "experts": False,
+    "router": False,
+    "norms": False,
+    "head": False,
+}
+
+
 def quantized_tensors(spec: ModelSpec, *, experts: bool = False) -> list[Tensor]:
     """The tensors a 4-/8-bit load quantizes: the ``nn.Linear`` weights inside the decoder layers.
 
@@ -81,8 +98,16 @@ def quantized_tensors(spec: ModelSpec, *, experts: bool = False) -> list[Tensor]
     >>> [(t.name, t.shape, t.count) for t in quantized_tensors(spec, experts=True)][4:]
     [('mlp.experts.w1.weight', (I_e, h), E*L_e), ('mlp.experts.w3.weight', (I_e, h), E*L_e), ('mlp.experts.w2.weight', (h, I_e), E*L_e)]
     """
-    linear = ("attention", "mlp", "shared_experts")
-    out = [t for t in tensors(spec) if t.component in linear and len(t.shape) == 2]
+    out = []
+    for t in tensors(spec):
+        if t.component not in QLORA_QUANT_RULES:
+            raise InputError(
+                "quant",
+                f"no quantization rule for the parameter kind {t.component!r} ({t.name}); "
+                f"kinds with a rule: {', '.join(QLORA_QUANT_RULES)}",
+            )
+        if QLORA_QUANT_RULES[t.component] and len(t.shape) == 2:
+            out.append(t)
     ex = spec.experts
     if experts and ex is not None:
         names = ("w1", "w3", "w2") if spec.model_type == "mixtral" else ("gate", "up", "down")
@@ -183,6 +208,7 @@ def dequant_buffer_expr(
 __all__ = [
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
+    "QLORA_QUANT_RULES",
     "QUANTS",
     "dequant_buffer_expr",
     "frozen_base_exprs",

@@ -359,10 +359,25 @@ class Setup:
                 raise InputError("gpu", "must be a GPU preset name", self.gpu)
             gpu(self.gpu)  # raises on an unknown name
         self._check_offload()
+        self._check_read()
         self._check_parallel()
         self._check_activations()
         self._check_moe()
         self._check_lora()
+
+    def _check_read(self) -> None:
+        """Refuse a field set where nothing reads it (it would change nothing, silently)."""
+        if self.shard != "flat" and self.zero == 0:
+            raise InputError(
+                "shard", "is read only where ZeRO/FSDP shards states (--zero 1, 2 or 3)", self.shard
+            )
+        if self.device != "cuda" and self.activation_formula == "korthikanti":
+            raise InputError(
+                "device",
+                "is read only by the HF-exact activations (the CPU's kernels); Korthikanti's "
+                "formulas assume a GPU's flash kernel",
+                self.device,
+            )
 
     def _check_offload(self) -> None:
         if self.offload_params and self.zero != 3:
@@ -435,6 +450,14 @@ class Setup:
         if self.imbalance != 1 and not routed:
             # transformers' grouped GEMM keeps b*s*k rows whatever the routing (measured)
             raise InputError("imbalance", why, got=self.imbalance)
+        if self.imbalance != 1 and self.capacity_factor is not None:
+            # with a capacity every expert's buffer is c_f*b*s*k/E rows whatever the routing
+            raise InputError(
+                "imbalance",
+                "is not read with --capacity-factor (capacity buffers do not depend on the "
+                "routing); it describes dropless routing",
+                got=self.imbalance,
+            )
         if self.korthikanti_moe:
             return
         if self.activation_policy != "auto":
