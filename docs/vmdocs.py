@@ -15,6 +15,7 @@ is shown). Nothing here adds, subtracts or re-derives a memory term.
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -76,6 +77,19 @@ def g(name: str, value: Any) -> Any:
     return value
 
 
+def component_split(names: list[str]) -> tuple[list[str], dict[str, dict[str, int]]]:
+    """Every parameter component any of ``names`` has (experts, router and shared experts
+    included) and each model's count per component; the columns of a model sum to its count,
+    or the page fails to build (a component left out of a table is a silent wrong)."""
+    counts = {n: vm.param_counts(vm.load_model(n)) for n in names}
+    columns = list(dict.fromkeys(c for n in names for c in counts[n]))
+    for n in names:
+        split = sum(counts[n].get(c, 0) for c in columns)
+        if split != vm.param_count(vm.load_model(n)):
+            raise AssertionError(f"{n}: the components sum to {split:,}, not the model's count")
+    return columns, {n: {c: counts[n].get(c, 0) for c in columns} for n in names}
+
+
 def fits_text(est: vm.Estimate) -> str:
     """ "fits" or "does not fit", from :meth:`vrammath.Estimate.fits` (the CLI's comparison)."""
     verdict = est.fits()
@@ -104,6 +118,46 @@ def use_notation() -> None:
 
 
 use_notation()
+
+# --- the validation sets -------------------------------------------------------------------------
+
+#: the committed measurements with a pass/fail per row, in the order the validation pages list them
+VALIDATION_SETS = (
+    ("matrix.json", "training steps (MemTracker, fake mode)", "validation-matrix"),
+    ("archs.json", "every architecture", "validation-archs"),
+    ("engines.json", "engines (fake process groups)", "validation-engines"),
+)
+
+
+def _last_commit_date(path: Path) -> str:
+    """The date of the last commit that changed ``path`` (when it was last measured), or a
+    dash where the checkout has no history."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%cs", "--", str(path)],
+            capture_output=True, text=True, check=True, cwd=path.parent,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "-"
+    return out or "-"
+
+
+def validation_summary() -> list[tuple[str, str, int, int, str, str, str]]:
+    """Per validation set: file, what it measures, the page's label, rows passing, rows, the
+    worst relative error over its components and the date it was last committed."""
+    root = Path(__file__).resolve().parents[1] / "validation"
+    out = []
+    for name, what, label in VALIDATION_SETS:
+        data = json.loads((root / name).read_text(encoding="utf-8"))
+        rows = [r for r in data["rows"] if "pass" in r]
+        worst = max(data.get("worst_rel_error", {}).values(), default=0.0)
+        passed = sum(1 for r in rows if r["pass"])
+        date = _last_commit_date(root / name)
+        out.append((name, what, passed, len(rows), f"{100 * worst:.2f} %", date, label))
+    return out
+
 
 # --- links to the calculator --------------------------------------------------------------------
 
@@ -141,8 +195,15 @@ def calculator_link(
     """A link from ``page`` (``"handbook/activations"``) to the calculator with ``setup``
     filled in (see :func:`calculator_fragment`)."""
     up = "../" * page.count("/")
-    href = f"{up}calculator.html#{calculator_fragment(setup)}"
-    return HTML(f'<p class="vm-try"><a href="{href}">{text} &rarr;</a></p>')
+    fragment = calculator_fragment(setup)
+    # escaped: a bare "&micro_batch" in an attribute is read by browsers as the entity "µ"
+    href = html.escape(f"{up}calculator.html#{fragment}", quote=True)
+    # the fields the link names, for the browser check to compare with the form it opens
+    fields = html.escape(json.dumps(dict(p.split("=", 1) for p in fragment.split("&"))))
+    return HTML(
+        f'<p class="vm-try"><a href="{href}" data-fields="{fields}">'
+        f"{html.escape(text)} &rarr;</a></p>"
+    )
 
 
 # --- named setups --------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from calculator_check_serve import check_serving, expected_serve
 from selenium.webdriver.common.by import By
@@ -389,16 +390,52 @@ def check_form(driver: Any, base: str) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
+JS_TRY_LINKS = """
+return Array.from(document.querySelectorAll('p.vm-try a')).map(
+  (a) => [a.hash.slice(1), a.getAttribute('data-fields')]);
+"""
+
+
+def _field_text(driver: Any, fields: dict[str, str]) -> dict[str, str]:
+    """What the open calculator's form shows for each of ``fields`` (as the fragment writes it)."""
+    prefix = "vm-sv-in-" if fields.get("tab") == "serve" else "vm-in-"
+    shown: dict[str, str] = {}
+    for name in fields:
+        if name == "tab":
+            continue
+        elems = driver.find_elements(By.ID, prefix + name) or driver.find_elements(
+            By.ID, "vm-in-" + name
+        )
+        if not elems:
+            shown[name] = "(no such field on the page)"
+            continue
+        elem = elems[0]
+        if elem.get_attribute("type") == "checkbox":
+            shown[name] = "true" if elem.is_selected() else "false"
+        else:
+            shown[name] = elem.get_attribute("value") or ""
+    return shown
+
+
+def _same(name: str, want: str, got: str) -> bool:
+    if name == "lora_targets" and got == "all-linear":
+        return want.count(",") == 6 or want == "all-linear"
+    return unquote(want) == got
+
+
 def check_links(driver: Any, base: str, root: Path) -> tuple[list[str], list[str]]:
-    """Every "try it" link of the handbook (vmdocs.calculator_link) opens a computed setup."""
+    """Every "try it" link of the handbook (vmdocs.calculator_link), followed as the browser
+    parses it, opens the setup it names: each field the link names is the form's value."""
     problems: list[str] = []
-    links: set[str] = set()
+    links: dict[str, tuple[str, dict[str, str]]] = {}
     for page in sorted(root.rglob("*.html")):
-        for href in re.findall(
-            r'<p class="vm-try"><a href="[./]*calculator\.html#([^"]+)"', page.read_text()
-        ):
-            links.add(href.replace("&amp;", "&"))
-    for fragment in sorted(links):
+        if 'class="vm-try"' not in page.read_text():
+            continue
+        rel = page.relative_to(root).as_posix()
+        driver.get(f"{base}/{rel}")
+        for fragment, fields in driver.execute_script(JS_TRY_LINKS):
+            links.setdefault(fragment, (rel, json.loads(fields or "{}")))
+    for fragment, (rel, fields) in sorted(links.items()):
         driver.get("about:blank")  # a fresh page, as a reader following the link gets
         driver.get(f"{base}/{PAGE}#{fragment}")
         WebDriverWait(driver, 30).until(
@@ -411,6 +448,15 @@ def check_links(driver: Any, base: str, root: Path) -> tuple[list[str], list[str
         shown = [e.text for e in bad if e.is_displayed() and e.text]
         if not rows or shown:
             problems.append(f"link #{fragment}: no table ({'; '.join(shown) or 'nothing shown'})")
+        if not fields:
+            problems.append(f"{rel}: a 'try it' link without the fields it names")
+        form = _field_text(driver, fields)
+        for name, want in fields.items():
+            if name != "tab" and not _same(name, want, form[name]):
+                problems.append(
+                    f"{rel}: the link sets {name}={unquote(want)} but the calculator opened "
+                    f"with {form[name]!r} (href #{fragment})"
+                )
         # a long formula scrolls in its cell; the page itself never scrolls sideways
         wide, width = driver.execute_script(
             "const e = document.documentElement; return [e.scrollWidth, e.clientWidth];"
@@ -418,7 +464,8 @@ def check_links(driver: Any, base: str, root: Path) -> tuple[list[str], list[str
         if wide > width + 1:
             problems.append(f"link #{fragment}: the page is {wide} px wide in a {width} px window")
     return [
-        f"calculator: {len(links)} 'try it' links of the handbook open a computed setup"
+        f"calculator: {len(links)} 'try it' links of the handbook open the setup they name, "
+        "field by field"
     ], problems
 
 
