@@ -58,8 +58,8 @@ Formula = Literal[
 FORMULAS: tuple[Formula, ...] = get_args(Formula)
 """The terms ``vrammath formula`` prints, in its order."""
 
-#: The options of :func:`formula_exprs` each term reads (the CLI refuses the others by name:
-#: a flag that changes nothing is not silently accepted).
+#: The options of :func:`formula_exprs` each term reads. The CLI refuses the others by name,
+#: so that a flag that changes nothing is not silently accepted.
 FORMULA_OPTIONS: dict[str, tuple[str, ...]] = {
     "params": (),
     "states": ("recipe", "optimizer"),

@@ -300,8 +300,8 @@ def dense_mlp_terms(
     return {k: sympy.expand(v) for k, v in out.items()}
 
 
-#: the largest capacity factor or imbalance accepted: past it the buffers outgrow any real run
-#: (and the byte counts any float), so the field is named instead of an overflow downstream
+#: The largest capacity factor or imbalance accepted. Past it the buffers outgrow any real run
+#: (and the byte counts any float), so the field is named instead of an overflow downstream.
 MAX_RATIO = 1024
 
 
