@@ -280,11 +280,16 @@ def test_imbalance_is_refused_beside_a_capacity_factor() -> None:
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.sampled_from(["llama-7b", "gpt2", "qwen2-7b"]), st.integers(1, 64))
+@given(st.sampled_from(["llama-7b", "gpt2", "qwen2-7b"]), st.integers(2, 64))
 def test_shard_layout_without_sharding_is_refused(model: str, gpus: int) -> None:
+    spec = vm.load_model(model)
     with pytest.raises(InputError, match="^shard: is read only where ZeRO/FSDP shards"):
-        Setup(vm.load_model(model), shard="dim0", gpus=gpus, zero=0)
-    Setup(vm.load_model(model), shard="dim0", gpus=gpus, zero=3)
+        Setup(spec, shard="dim0", gpus=gpus, zero=0)
+    with pytest.raises(InputError, match="^shard: is read only where states are sharded over"):
+        Setup(spec, shard="dim0", gpus=1, zero=3)
+    setup = Setup(spec, shard="dim0", gpus=gpus, zero=3)
+    # the plan still weighs plain data parallelism (unsharded, the layout is flat)
+    assert any(c.zero == 0 and c.shard == "flat" for c in vm.plan.candidates(setup))
 
 
 @settings(max_examples=20, deadline=None)

@@ -350,4 +350,7 @@ def numeric_messages(spec: Any) -> dict[str, Any]:
             f"(got {big_chunks})", "(got {got})"
         ),
         "chunksUnused": _refusal(spec, chunks=2).replace("(got 2)", "(got {got})"),
+        "shardOne": _refusal(spec, shard="dim0", zero=3, gpus=1).replace(
+            "(got 'dim0')", "(got {got})"
+        ),
     }

@@ -230,6 +230,8 @@ def candidates(
                         offload_optimizer=opt,
                         offload_params=par,
                         recompute=policy,
+                        # unsharded, a layout of shards means nothing (Setup refuses it)
+                        shard=setup.shard if stage else "flat",
                     )
                     check_modelled(variant)  # e.g. full recomputation on the Korthikanti MoE path
                 except InputError:

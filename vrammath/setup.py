@@ -371,6 +371,13 @@ class Setup:
             raise InputError(
                 "shard", "is read only where ZeRO/FSDP shards states (--zero 1, 2 or 3)", self.shard
             )
+        if self.shard != "flat" and self.gpus == 1:
+            raise InputError(
+                "shard",
+                "is read only where states are sharded over more than one GPU (--gpus 1: one "
+                "rank holds every row, as flat does)",
+                self.shard,
+            )
         if self.device != "cuda" and self.activation_formula == "korthikanti":
             raise InputError(
                 "device",

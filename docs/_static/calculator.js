@@ -173,6 +173,7 @@ function vmEngine(D) {
     const tpMsg = tpRefusal(pre.tp, pre.heads)(setup.tp);
     if (tpMsg) return tpMsg;
     if (setup.pp > pre.layers) return fill(pre.msg.ppBig, setup.pp);
+    if (setup.shard !== "flat" && setup.gpus === 1) return fill(pre.msg.shardOne, shown(setup.shard));
     if (setup.schedule === "interleaved") {
       if (setup.chunks === 1) return pre.msg.chunksOne;
       if (setup.pp * setup.chunks > pre.layers) return fill(pre.msg.chunksBig, setup.chunks);
