@@ -76,6 +76,18 @@ QLORA_QUANT_RULES: dict[str, bool] = {
 }
 
 
+def kind_rule(rules: dict[str, bool], tensor: Tensor, field: str, what: str) -> bool:
+    """Whether ``rules`` quantize ``tensor``'s kind of parameter; a kind without a rule is
+    refused by name (``field`` and ``what`` name the format in the message), never guessed."""
+    if tensor.component not in rules:
+        raise InputError(
+            field,
+            f"no {what} rule for the parameter kind {tensor.component!r} ({tensor.name}); "
+            f"kinds with a rule: {', '.join(rules)}",
+        )
+    return rules[tensor.component]
+
+
 def quantized_tensors(spec: ModelSpec, *, experts: bool = False) -> list[Tensor]:
     """The tensors a 4-/8-bit load quantizes: the ``nn.Linear`` weights inside the decoder layers.
 
@@ -98,16 +110,11 @@ def quantized_tensors(spec: ModelSpec, *, experts: bool = False) -> list[Tensor]
     >>> [(t.name, t.shape, t.count) for t in quantized_tensors(spec, experts=True)][4:]
     [('mlp.experts.w1.weight', (I_e, h), E*L_e), ('mlp.experts.w3.weight', (I_e, h), E*L_e), ('mlp.experts.w2.weight', (h, I_e), E*L_e)]
     """
-    out = []
-    for t in tensors(spec):
-        if t.component not in QLORA_QUANT_RULES:
-            raise InputError(
-                "quant",
-                f"no quantization rule for the parameter kind {t.component!r} ({t.name}); "
-                f"kinds with a rule: {', '.join(QLORA_QUANT_RULES)}",
-            )
-        if QLORA_QUANT_RULES[t.component] and len(t.shape) == 2:
-            out.append(t)
+    out = [
+        t
+        for t in tensors(spec)
+        if kind_rule(QLORA_QUANT_RULES, t, "quant", "quantization") and len(t.shape) == 2
+    ]
     ex = spec.experts
     if experts and ex is not None:
         names = ("w1", "w3", "w2") if spec.model_type == "mixtral" else ("gate", "up", "down")
@@ -212,6 +219,7 @@ __all__ = [
     "QUANTS",
     "dequant_buffer_expr",
     "frozen_base_exprs",
+    "kind_rule",
     "nf4_published_bits_per_param",
     "quant_tensor_exprs",
     "quantized_tensors",

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import sympy
 
-from vrammath.errors import InputError, one_of, positive_int
+from vrammath.errors import one_of, positive_int
 from vrammath.kv_cache import kv_heads_per_gpu_expr
 from vrammath.model import ModelSpec
 from vrammath.params import Tensor, param_count, size_values, tensors
-from vrammath.quant import quant_tensor_exprs
+from vrammath.quant import kind_rule, quant_tensor_exprs
 from vrammath.symbols import P, a, a_kv, t
 from vrammath.vocab import SERVE_WEIGHTS
 
@@ -76,13 +76,8 @@ def serve_matrices(spec: ModelSpec) -> list[tuple[Tensor, bool]]:
     """
     out: list[tuple[Tensor, bool]] = []
     for tensor in tensors(spec):
-        if tensor.component not in SERVE_QUANT_RULES:
-            raise InputError(
-                "weights",
-                f"no serving-format rule for the parameter kind {tensor.component!r} "
-                f"({tensor.name}); kinds with a rule: {', '.join(SERVE_QUANT_RULES)}",
-            )
-        quantized = SERVE_QUANT_RULES[tensor.component] and len(tensor.shape) >= 2
+        rule = kind_rule(SERVE_QUANT_RULES, tensor, "weights", "serving-format")
+        quantized = rule and len(tensor.shape) >= 2
         stored = tensor
         if tensor.component == "experts" and len(tensor.shape) == 3:
             experts, rows, cols = tensor.shape
