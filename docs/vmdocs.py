@@ -19,6 +19,7 @@ import html
 import io
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -132,8 +133,6 @@ VALIDATION_SETS = (
 def _last_commit_date(path: Path) -> str:
     """The date of the last commit that changed ``path`` (when it was last measured), or a
     dash where the checkout has no history."""
-    import subprocess
-
     try:
         out = subprocess.run(
             ["git", "log", "-1", "--format=%cs", "--", str(path)],

@@ -76,6 +76,13 @@ _ASCII_INT = re.compile(r"[+-]?[0-9]+")
 _ASCII_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+def _plain_float(text: str) -> float:
+    """``text`` in plain ASCII decimal notation as a float, else NaN (which every bound
+    refuses): float() also takes "١.٥", "1_0", "inf" and "nan"."""
+    plain = len(text) <= 40 and _ASCII_NUMBER.fullmatch(text.strip()) is not None
+    return float(text) if plain else float("nan")
+
+
 def _integer(opt: Option) -> Callable[[str], int]:
     label = _label(opt)
     allowed = f"must be an integer from {opt.low} to {opt.high}"
@@ -124,9 +131,7 @@ def _number(field: str, low: float, high: float, *, open_low: bool, open_high: b
     allowed = f"must be a number in {lo}{low:g}, {high:g}{hi}"
 
     def parse(text: str) -> float:
-        # plain ASCII decimal notation: float() also takes "١.٥", "1_0", "inf" and "nan"
-        plain = len(text) <= 40 and _ASCII_NUMBER.fullmatch(text.strip()) is not None
-        value = float(text) if plain else float("nan")
+        value = _plain_float(text)
         above = value > low if open_low else value >= low
         below = value < high if open_high else value <= high
         if not (above and below):  # NaN fails both
@@ -140,9 +145,7 @@ def _ratio(field: str) -> Any:
     """A finite number; its bounds are the field's own check (an InputError, exit 2)."""
 
     def parse(text: str) -> float:
-        # plain ASCII decimal notation: float() also takes "١.٥", "1_0", "inf" and "nan"
-        plain = len(text) <= 40 and _ASCII_NUMBER.fullmatch(text.strip()) is not None
-        value = float(text) if plain else float("nan")
+        value = _plain_float(text)
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{field}: must be a number (got {_shown(text)})")
         return value
