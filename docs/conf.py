@@ -178,43 +178,135 @@ def stage_mathjax() -> Path:
     return MATHJAX_STAGE
 
 
-# --- the calculator's compiled expressions -------------------------------------------------------
-CALC_STAGE = BUILD / "_calculator_static"
+# --- Python in the browser: Pyodide and the wheels the pages run -----------------------------------
+# The calculator and the "run in the browser" cells run vrammath itself (vrammath/browser.py) in a
+# Web Worker. Everything is served from the site: the Pyodide runtime from the npm registry's
+# tarball (pinned, checked against the registry's sha512), sympy's and mpmath's wheels from PyPI
+# at the versions this build runs, and a wheel of the checkout's vrammath.
+PYODIDE_VERSION = "314.0.8"
+PYODIDE_INTEGRITY = "sha512-74Wq1kXOC+CCEzAfxuRAO701nAcCMLjf8NrwvWpu8S41dVMXwXmLQ05dYB+F4e46AdnGo0oq7YHSVUpHsoarLQ=="
+PYODIDE_FILES = (
+    "pyodide.mjs",
+    "pyodide.asm.mjs",
+    "pyodide.asm.wasm",
+    "python_stdlib.zip",
+    "pyodide-lock.json",
+)
+LIVE_STAGE = BUILD / "_live_static"
+LIVE_CACHE = BUILD / "_live_cache"  # downloads, kept across sources changes
 
 
-def calculator_digest() -> str:
-    """SHA-256 of what the calculator's data is made from: the package, the presets and the
-    generator (the browser check is not among them)."""
-    sources = [*sorted((ROOT / "vrammath").rglob("*.py")), *sorted((ROOT / "conf").rglob("*"))]
-    parts = ("build", "printer", "serve", "setups", "trees")
-    sources += [ROOT / "tools" / f"calculator_{part}.py" for part in parts]
-    digest = hashlib.sha256()
-    for path in sources:
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(path.relative_to(ROOT).as_posix().encode() + path.read_bytes())
-    return digest.hexdigest()
+def _pyodide_tarball() -> Path:
+    """The pinned Pyodide npm tarball, downloaded once and checked against its sha512."""
+    import base64
+    import urllib.request
+
+    tarball = LIVE_CACHE / f"pyodide-{PYODIDE_VERSION}.tgz"
+    want = PYODIDE_INTEGRITY.removeprefix("sha512-")
+    if (
+        tarball.is_file()
+        and base64.b64encode(hashlib.sha512(tarball.read_bytes()).digest()).decode() == want
+    ):
+        return tarball
+    url = f"https://registry.npmjs.org/pyodide/-/pyodide-{PYODIDE_VERSION}.tgz"
+    with urllib.request.urlopen(url, timeout=300) as response:
+        data = response.read()
+    got = base64.b64encode(hashlib.sha512(data).digest()).decode()
+    if got != want:
+        raise RuntimeError(f"{url}: sha512 {got} is not the pinned {want}")
+    LIVE_CACHE.mkdir(parents=True, exist_ok=True)
+    tarball.write_bytes(data)
+    return tarball
 
 
-def stage_calculator() -> Path:
-    """Compile the term table into the calculator's data (tools/calculator_build.py), again only
-    when the package, the presets or the generator changed: the output is cached in docs/_build
-    under :func:`calculator_digest`."""
-    digest = calculator_digest()
-    out = CALC_STAGE / "calculator-data.js"
-    stamp = CALC_STAGE / "source.txt"
-    if stamp.is_file() and stamp.read_text() == digest and out.is_file():
-        return CALC_STAGE
+def _dependency_wheels() -> list[Path]:
+    """sympy's and mpmath's wheels at the versions installed here (what the CLI runs with)."""
     import subprocess
+    from importlib.metadata import version
 
+    wanted = [f"{name}=={version(name)}" for name in ("sympy", "mpmath")]
+    folder = LIVE_CACHE / "wheels"
+    found = [
+        next(iter(folder.glob(f"{w.replace('==', '-')}-py3-none-any.whl")), None) for w in wanted
+    ]
+    if all(found):
+        return [p for p in found if p is not None]
     subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "calculator_build.py"), str(out)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(folder),
+            *wanted,
+        ],
         check=True,
     )
-    stamp.write_text(digest)
-    return CALC_STAGE
+    return [next(folder.glob(f"{w.replace('==', '-')}-py3-none-any.whl")) for w in wanted]
 
 
-html_static_path = ["_static", str(stage_mathjax()), str(stage_calculator())]
+def stage_live() -> Path:
+    """Stage Pyodide and the wheels under docs/_build/_live_static (shipped as static files):
+    again only when the pin or vrammath's sources changed."""
+    import json
+    import subprocess
+    import tarfile
+
+    stamp = LIVE_STAGE / "source.txt"
+    key = f"{PYODIDE_VERSION} {SOURCES_HASH}"
+    if stamp.is_file() and stamp.read_text() == key:
+        return LIVE_STAGE
+    shutil.rmtree(LIVE_STAGE, ignore_errors=True)
+    runtime = LIVE_STAGE / "pyodide"
+    runtime.mkdir(parents=True)
+    with tarfile.open(_pyodide_tarball()) as tar:
+        for name in PYODIDE_FILES:
+            member = tar.extractfile(f"package/{name}")
+            if member is None:
+                raise RuntimeError(f"pyodide {PYODIDE_VERSION}: no {name} in the tarball")
+            (runtime / name).write_bytes(member.read())
+    wheels = LIVE_STAGE / "wheels"
+    wheels.mkdir()
+    for wheel in _dependency_wheels():
+        shutil.copy2(wheel, wheels / wheel.name)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(ROOT),
+        ],
+        check=True,
+    )
+    names = sorted(p.name for p in wheels.glob("*.whl"))
+    # the docs helpers, for the pages' runnable cells (they import vmdocs)
+    shutil.copy2(DOCS / "vmdocs.py", wheels / "vmdocs.py")
+    manifest = {"wheels": names, "modules": ["vmdocs.py"], "version": SOURCES_HASH}
+    (wheels / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    node = shutil.which("node")
+    if node:  # precompiled by the browser's own Python: the page starts seconds sooner
+        subprocess.run(
+            [node, str(ROOT / "tools" / "pyodide_bundle.mjs"), str(LIVE_STAGE)], check=True
+        )
+        for name in names:  # shipped inside the bundle
+            (wheels / name).unlink()
+    else:
+        print("vrammath docs: no node here, so the browser compiles sympy at every page load")
+    stamp.write_text(key)
+    return LIVE_STAGE
+
+
+html_static_path = ["_static", str(stage_mathjax()), str(stage_live())]
 mathjax_path = "mathjax/tex-chtml.js"  # relative to _static
 mathjax3_config = {
     "tex": {"tags": "ams"},
@@ -225,6 +317,7 @@ mathjax3_config = {
 html_theme = "sphinx_book_theme"
 html_title = "vrammath handbook"
 html_css_files = ["vrammath.css"]
+html_js_files = ["vrammath-live.js"]  # window.vrammath and the runnable cells, on every page
 html_favicon = "_static/favicon.svg"
 html_last_updated_fmt = None
 html_copy_source = True

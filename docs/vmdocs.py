@@ -24,11 +24,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import sympy
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ModuleNotFoundError:  # the browser's Python (a page's runnable cells): only svg() needs it
+    plt = None
 from IPython.display import HTML, SVG, Markdown
 from myst_nb import glue
 
@@ -203,6 +207,39 @@ def calculator_link(
         f'<p class="vm-try"><a href="{href}" data-fields="{fields}">'
         f"{html.escape(text)} &rarr;</a></p>"
     )
+
+
+#: the calculator's first view: per tab, the model and the fields that differ from the CLI's
+#: defaults (fit needs a GPU)
+CALCULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "estimate": {"model": "llama-7b"},
+    "fit": {"model": "llama-7b", "gpu": "a100-80gb"},
+    "serve": {"model": "llama-7b"},
+}
+
+
+def calculator_data() -> HTML:
+    """The calculator page's data (docs/_static/calculator.js): the fields the CLI declares
+    (:func:`vrammath.browser.page_data`) and, per tab, the default setup's command line and what
+    the CLI printed for it, so the first view needs no wait."""
+    from vrammath import browser
+
+    data = browser.page_data()
+    data["initial"] = {}
+    for command, setup in CALCULATOR_DEFAULTS.items():
+        argv = browser.argv_for(command, setup)
+        run = browser.run([*argv, "--json"])
+        if run["rc"] != 0:
+            raise RuntimeError(f"the calculator's default {argv} is refused: {run['stderr']}")
+        data["initial"][command] = {
+            "model": setup["model"],
+            "fields": {k: v for k, v in setup.items() if k != "model"},
+            "argv": argv,
+            "run": run,
+            "tex": browser.component_tex(argv) if command == "estimate" else None,
+        }
+    text = json.dumps(data, sort_keys=True).replace("</", "<\\/")
+    return HTML(f'<script type="application/json" id="vm-data">{text}</script>')
 
 
 # --- named setups --------------------------------------------------------------------------------

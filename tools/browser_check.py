@@ -10,8 +10,9 @@ It serves the built site from a local HTTP server on 127.0.0.1, visits every HTM
 * pages with math: MathJax typeset it (``mjx-container`` elements exist) without TeX errors;
 * pages with images: every ``<img>`` loaded (``naturalWidth > 0``);
 * the search page finds results for "ZeRO";
-* the calculator (``tools/calculator_check.py``): its bytes equal the library's over random
-  setups, its form renders and refuses bad input with the CLI's message, first render < 1 s;
+* the calculator and the runnable cells (``tools/calculator_check.py``): vrammath running in
+  the page answers random setups byte for byte as the CLI does, the form and the "try it" links,
+  the cold start and the time of a change;
 * layout, at 1400 px and at 390 px wide: the main text column does not overflow horizontally,
   no table sits in a collapsed block (a hidden code cell's "Show code cell content"), and at
   1400 px every table fits its column (a reader sees every column without scrolling).
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (root / rel).is_file():
                     screenshot(driver, base, rel, saved_at)
         driver.set_window_size(1440, 1000)
-        calc_lines, calc_problems = check_calculator(driver, base, root)
+        calc_lines, calc_problems = check_calculator(driver, base, root, make_driver)
         failures.extend(f"calculator.html: {problem}" for problem in calc_problems)
         hits, search_problems = check_search(driver, base)
         failures.extend(f"search.html: {problem}" for problem in search_problems)

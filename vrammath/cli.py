@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -302,7 +303,8 @@ def _cmd_derive(args: argparse.Namespace) -> Result:
 # --- the commands: each returns its text and the same content as a JSON-ready dict -------------
 
 
-def _training_setup(args: argparse.Namespace) -> Setup:
+def training_setup(args: argparse.Namespace) -> Setup:
+    """The training setup that parsed ``estimate``/``fit`` flags describe (the model resolved)."""
     given = {o.name: getattr(args, o.name) for o in options(Setup) if o.flag is not None}
     if given["lora_targets"] is None:
         del given["lora_targets"]
@@ -312,7 +314,7 @@ def _training_setup(args: argparse.Namespace) -> Setup:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> Result:
-    setup = _training_setup(args)
+    setup = training_setup(args)
     est = estimate(setup)
     data: dict[str, Any] = est.as_dict()
     data["warnings"] = list(setup_warnings(setup))
@@ -367,7 +369,7 @@ def _cmd_serve(args: argparse.Namespace) -> Result:
 def _cmd_fit(args: argparse.Namespace) -> Result:
     if args.gpu is None:
         raise one_of("gpu", None, list(load_gpus()))
-    setup = _training_setup(args)
+    setup = training_setup(args)
     reserve = round(args.reserve_gib * 2**30)
     capacity = load_gpus()[args.gpu].bytes if args.gpu in load_gpus() else None
     if capacity is not None and math.floor(capacity * (1 - args.headroom)) <= reserve:
@@ -484,11 +486,17 @@ def _say(line: str) -> None:
         print(_printable(line), file=sys.stderr, flush=True)
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    # one parser per process: the browser's page runs main() at every change of its form
+    return build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input, 1 the output could not be
     written)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed its one line (or the help)
         return exc.code if isinstance(exc.code, int) else 2
     try:
@@ -509,4 +517,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["FORMULAS", "build_parser", "main"]
+__all__ = ["FORMULAS", "build_parser", "main", "training_setup"]

@@ -492,7 +492,8 @@ def largest_tensor_numel(spec: ModelSpec, ep: int = 1) -> int:
     ``ep`` expert-parallel ranks, a routed-expert tensor holds its rank's ``E / ep`` experts."""
     values = size_values(spec)
     return max(
-        int(t.numel.subs(values)) // (ep if t.component == "experts" else 1) for t in tensors(spec)
+        int(t.numel.xreplace(values)) // (ep if t.component == "experts" else 1)
+        for t in tensors(spec)
     )
 
 

@@ -14,6 +14,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from vrammath.fields import field_values
@@ -21,8 +22,16 @@ from vrammath.params import param_count
 from vrammath.units import fmt_gb, fmt_gib
 
 if TYPE_CHECKING:
+    import sympy
+
     from vrammath.estimate import Estimate
     from vrammath.inference import ServeEstimate
+
+
+@functools.lru_cache(maxsize=4096)
+def _text(expr: sympy.Basic) -> str:
+    # printing is most of an estimate's time, and a changed number keeps every expression
+    return str(expr)
 
 
 def estimate_dict(est: Estimate) -> dict[str, object]:
@@ -40,7 +49,7 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
                 "label": c.label,
                 "device": c.device,
                 "bytes": c.bytes,
-                "expr": None if c.expr is None else str(c.expr),
+                "expr": None if c.expr is None else _text(c.expr),
                 "note": c.note,
             }
             for c in est.components
@@ -88,7 +97,7 @@ def estimate_table(est: Estimate) -> str:
         if c.bytes is None:
             rows.append((c.label, c.device, "not estimated", "", c.note))
         else:
-            expr = "" if c.expr is None else str(c.expr)
+            expr = "" if c.expr is None else _text(c.expr)
             rows.append((c.label, c.device, fmt_gb(c.bytes), fmt_gib(c.bytes), expr))
     for phase, value in est.phases.items():
         rows.append((f"phase: {phase}", "gpu", fmt_gb(value), fmt_gib(value), ""))
@@ -139,7 +148,7 @@ def serve_dict(est: ServeEstimate) -> dict[str, object]:
         "weights_bytes": est.weights_bytes,
         "quant_constants_bytes": est.quant_constants_bytes,
         "kv_cache_bytes": est.kv_bytes,
-        "kv_cache_expr": str(est.kv_expr),
+        "kv_cache_expr": _text(est.kv_expr),
         "kv_bytes_per_token": est.per_token_bytes,
         "reserve_bytes": est.reserve_bytes,
         "total_bytes": est.total_bytes,

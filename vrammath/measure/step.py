@@ -55,7 +55,7 @@ def _lean_tracker(base: Any) -> Any:
     """
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
-    class Lean(base):  # type: ignore[misc, valid-type]
+    class Lean(base):  # type: ignore[misc]
         def _update_peak_stats(self, peak_state: Any) -> None:
             for dev, dev_snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
@@ -375,6 +375,8 @@ def _run_fake(
 
 def _decoder_layers(model: Any) -> list[Any]:
     inner = getattr(model, "model", None) or getattr(model, "transformer", None)
+    if inner is None:
+        raise TypeError(f"{type(model).__name__}: no decoder (neither .model nor .transformer)")
     blocks = getattr(inner, "layers", None)
     if blocks is None:
         blocks = inner.h

@@ -1,0 +1,133 @@
+/* The handbook's Python, in a Web Worker so the page never waits on it: Pyodide (served from
+ * _static/pyodide/), the wheels the docs build staged (_static/wheels/: sympy, mpmath, vrammath)
+ * (or, where the build had node, their bytecode precompiled by tools/pyodide_bundle.mjs, in one
+ * zip) and the docs helpers (vmdocs.py, for the runnable cells).
+ *
+ * Messages in: {id, op, args}. op "call" [command, setup] -> vrammath.browser.call; "tex"
+ * [setup] -> component_tex; "run" [argv] -> vrammath.browser.run; "cell" [scope, code] -> the
+ * cell's output in that scope's namespace. Messages out: {id, result} or {id, error}, and
+ * {progress: text, ms} while starting, then {ready: {timings}}.
+ */
+import { loadPyodide } from "./pyodide/pyodide.mjs";
+
+const STATIC = new URL(".", import.meta.url);
+const timings = {};
+let py = null;
+let rpc = null;
+const scopes = new Map();
+
+function progress(text) { postMessage({ progress: text, ms: Math.round(performance.now()) }); }
+
+const ready = (async () => {
+  let t = performance.now();
+  progress("loading the Python runtime");
+  const manifestPromise = fetch(new URL("wheels/manifest.json", STATIC)).then((r) => r.json());
+  // the wheels download while the runtime starts
+  const wheelsPromise = manifestPromise.then((m) => Promise.all(
+    [...m.wheels, ...(m.bundle ? [m.bundle] : []), ...m.modules].map((name) => fetch(new URL(`wheels/${name}?v=${m.version}`, STATIC))
+      .then((r) => { if (!r.ok) throw new Error(`${name}: HTTP ${r.status}`); return r.arrayBuffer(); })
+      .then((buf) => [name, buf]))));
+  py = await loadPyodide({ indexURL: new URL("pyodide/", STATIC).href, fullStdLib: false });
+  timings.runtime_ms = Math.round(performance.now() - t);
+  t = performance.now();
+  progress("installing sympy and vrammath");
+  const manifest = await manifestPromise;
+  for (const [name, buf] of await wheelsPromise) {
+    if (name.endsWith(".whl")) py.unpackArchive(buf, "wheel");
+    else if (name.endsWith(".zip")) py.unpackArchive(buf, "zip", { extractDir: manifest.site });
+    else py.FS.writeFile(`${manifest.site || "/home/pyodide"}/${name}`, new Uint8Array(buf));
+  }
+  timings.install_ms = Math.round(performance.now() - t);
+  t = performance.now();
+  progress("importing sympy");
+  py.runPython(`import sys; sys.path.insert(0, ${JSON.stringify(manifest.site || "/home/pyodide")}); import sympy`);
+  timings.sympy_ms = Math.round(performance.now() - t);
+  t = performance.now();
+  progress("importing vrammath");
+  py.runPython(`
+import json
+import vrammath.browser as _vm_browser
+
+def _vm_rpc(op, text):
+    args = json.loads(text)
+    if op == "call":
+        return json.dumps(_vm_browser.call(*args))
+    if op == "tex":
+        return json.dumps(_vm_browser.component_tex(*args))
+    if op == "run":
+        return json.dumps(_vm_browser.run(*args))
+    raise ValueError(op)
+`);
+  rpc = py.globals.get("_vm_rpc");
+  timings.vrammath_ms = Math.round(performance.now() - t);
+  postMessage({ ready: timings });
+})();
+
+// What the pages' cells import for display in the build (IPython's display classes, MyST-NB's
+// glue): here a cell's value is shown as text, and glue records nothing.
+const SHIMS = `
+import sys, types
+try:
+    import IPython.display
+except ModuleNotFoundError:
+    class _Shown:
+        def __init__(self, data=None, **kwargs):
+            self.data = data
+        def __repr__(self):
+            return str(self.data)
+    _display = types.ModuleType("IPython.display")
+    _display.HTML = _display.SVG = _display.Markdown = _display.Math = _display.Latex = _Shown
+    _display.display = print
+    _ipython = types.ModuleType("IPython")
+    _ipython.display = _display
+    _ipython.get_ipython = lambda: None  # no notebook shell: vmdocs.use_notation does nothing
+    sys.modules.update({"IPython": _ipython, "IPython.display": _display})
+try:
+    import myst_nb
+except ModuleNotFoundError:
+    _myst_nb = types.ModuleType("myst_nb")
+    _myst_nb.glue = lambda name, value, display=True: None
+    sys.modules["myst_nb"] = _myst_nb
+`;
+let shimmed = false;
+
+/** One handbook cell in the namespace of ``scope`` (a page): its output, or its error. */
+function runCell(scope, code) {
+  if (!shimmed) { py.runPython(SHIMS); shimmed = true; }
+  if (!scopes.has(scope)) scopes.set(scope, py.globals.get("dict")());
+  const out = [];
+  py.setStdout({ batched: (s) => out.push(s) });
+  py.setStderr({ batched: (s) => out.push(s) });
+  try {
+    const value = py.runPython(code, { globals: scopes.get(scope) });
+    let shown = null;
+    if (value !== undefined && value !== null) {
+      shown = value.type !== undefined ? py.globals.get("repr")(value) : String(value);
+      if (value.destroy) value.destroy();
+    }
+    return { output: out.join("\n"), value: shown, error: null };
+  } catch (err) {
+    const text = String(err.message || err);
+    const lines = text.trim().split("\n");
+    let last = lines[lines.length - 1];
+    const missing = /ModuleNotFoundError: No module named '([^'.]+)/.exec(text);
+    if (missing) last = `this cell needs ${missing[1]}, which the browser bundle does not include (run it with nox -s docs or in Python)`;
+    return { output: out.join("\n"), value: null, error: last, traceback: text };
+  } finally {
+    py.setStdout({});
+    py.setStderr({});
+  }
+}
+
+onmessage = async (event) => {
+  const { id, op, args } = event.data;
+  try {
+    await ready;
+    const t = performance.now();
+    const result = op === "cell" ? runCell(args[0], args[1]) : JSON.parse(rpc(op, JSON.stringify(args)));
+    postMessage({ id, result, ms: performance.now() - t });
+  } catch (err) {
+    postMessage({ id, error: String(err && err.message ? err.message : err) });
+  }
+};
+ready.catch((err) => postMessage({ failed: String(err && err.message ? err.message : err) }));
