@@ -467,10 +467,32 @@ def check_named_setups(app, exception):  # type: ignore[no-untyped-def]
     print(f"named setups: {len(seen)} checked against each other and the CLI's --json")
 
 
+def follow_aliases_home(app, modname, attribute):  # type: ignore[no-untyped-def]
+    """viewcode's source link for a documented alias such as ``X = dict[str, int]``: its own
+    module's source (the alias's ``__module__`` is ``builtins``, which has no source page)."""
+    obj = importlib.import_module(modname)
+    for part in attribute.split("."):
+        obj = getattr(obj, part, None)
+    return modname if getattr(obj, "__module__", None) == "builtins" else None
+
+
+def check_module_links(app, exception):  # type: ignore[no-untyped-def]
+    """Fail the build if the source-code index links a page that was not written."""
+    index = Path(app.outdir) / "_modules" / "index.html"
+    if exception is not None or app.builder.name != "html" or not index.is_file():
+        return
+    links = re.findall(r'href="([^"#]+\.html)"', index.read_text())
+    missing = [link for link in links if not (index.parent / link).resolve().is_file()]
+    if missing:
+        raise RuntimeError(f"_modules/index.html links pages that do not exist: {missing}")
+
+
 def setup(app):  # type: ignore[no-untyped-def]
     app.add_config_value("vrammath_sources_hash", "", "env", types=[str])
     app.connect("config-inited", place_execution_cache, priority=100)
     app.connect("missing-reference", resolve_short_vrammath_name)
     app.connect("autodoc-process-docstring", unique_footnotes)
     app.connect("build-finished", check_named_setups)
+    app.connect("build-finished", check_module_links)
+    app.connect("viewcode-follow-imported", follow_aliases_home)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -76,6 +76,17 @@ def pct(part: float, whole: float) -> float:
     return 100 * float(part) / float(whole)
 
 
+def formula_error(formula: float, real: float) -> float:
+    """How far a published formula is from the real value (measured, or implementation-exact),
+    in percent *of the real value*: the one base for every formula-against-reality comparison
+    on the site (``+19`` reads "the formula says 19 % more than the layer keeps").
+
+    >>> round(formula_error(108.0, 90.0))
+    20
+    """
+    return 100 * (float(formula) / float(real) - 1)
+
+
 def g(name: str, value: Any) -> Any:
     """Glue a value for the prose (not displayed where computed); returns it."""
     glue(name, value, display=False)
@@ -93,6 +104,25 @@ def component_split(names: list[str]) -> tuple[list[str], dict[str, dict[str, in
         if split != vm.param_count(vm.load_model(n)):
             raise AssertionError(f"{n}: the components sum to {split:,}, not the model's count")
     return columns, {n: {c: counts[n].get(c, 0) for c in columns} for n in names}
+
+
+#: what each phase peak holds: a peak's label comes from its phase (the estimate's own
+#: ``peak_phase``), never from prose
+PHASE_HOLDS = {
+    "forward_peak": "the forward peak (the states and the activations kept so far)",
+    "backward_peak": "the backward peak (the states, the kept activations and the gradients)",
+    "step_peak": "the optimizer-step peak (the states and the step's temporaries; the activations "
+    "are freed)",
+}
+
+
+def peak_text(est: vm.Estimate) -> str:
+    """The estimate's per-GPU peak with what it is: its phase and what that phase holds.
+
+    >>> peak_text(vm.estimate(vm.Setup(vm.load_model("llama-7b"))))
+    '134.77 GB, the optimizer-step peak (the states and the step's temporaries; the activations are freed)'
+    """
+    return f"{gbs(est.gpu_bytes)}, {PHASE_HOLDS[est.peak_phase]}"
 
 
 def fits_text(est: vm.Estimate) -> str:

@@ -320,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         driver.set_window_size(1440, 1000)
         calc_lines, calc_problems = check_calculator(driver, base, root, make_driver)
         failures.extend(f"calculator.html: {problem}" for problem in calc_problems)
+        # what the live parts logged or fetched while they ran (the worker's requests included)
+        severe, external = drain_logs(driver, base)
+        failures.extend(f"live parts: console error {m}" for m in severe)
+        failures.extend(f"live parts: request off this machine {u}" for u in external)
         hits, search_problems = check_search(driver, base)
         failures.extend(f"search.html: {problem}" for problem in search_problems)
         saved = [

@@ -15,7 +15,8 @@ vrammath itself (Pyodide in a Web Worker, docs/_static/vrammath-*.js); this chec
   are timed (input to rendered answer);
 * every "try it" link of the handbook opens the setup it names, field by field;
 * runnable cells: every code cell has the control, and every cell of two pages runs in the
-  browser (or says in one line that it needs a package the bundle lacks);
+  browser (or says in one line that it needs a package the bundle lacks); the doctest examples
+  of eight API pages run there and print what their doctests expect;
 * the bytes shipped (raw and gzip'd).
 """
 
@@ -59,6 +60,7 @@ LIVE_BUDGET_S = 6.0  # navigation to live, cold (issue 29)
 NUMBER_BUDGET_MS = 50.0
 OPTION_BUDGET_MS = 500.0
 CELL_PAGES = ("interview/q-72b-8xa100.html", "handbook/quickstart.html")
+DOCTEST_PAGES = ("browser", "units", "presets", "params", "estimate", "inference", "budget", "fit")
 TARGET_CHOICES = ("q,v", "q,k,v,o", "all-linear")
 
 JS_RUN = """
@@ -473,6 +475,65 @@ def check_cells(driver: Any, base: str, root: Path) -> tuple[list[str], list[str
     return lines, problems
 
 
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def check_doctests(driver: Any, base: str) -> tuple[list[str], list[str]]:
+    """The API pages' doctest examples run in the browser, in their module's namespace: no
+    error, and the output the doctest expects (whitespace normalized; examples with doctest
+    directives are only run)."""
+    problems: list[str] = []
+    ran = same = 0
+    driver.set_script_timeout(300)
+    for module in DOCTEST_PAGES:
+        rel = f"reference/api/{module}.html"
+        driver.get(f"{base}/{rel}")
+        blocks = driver.execute_script("return document.querySelectorAll('div.doctest').length")
+        buttons = driver.execute_script(
+            "return document.querySelectorAll('div.doctest + .vm-run-bar').length"
+        )
+        if buttons != blocks:
+            problems.append(f"{rel}: {buttons} run controls for {blocks} doctest blocks")
+        for i in range(blocks):
+            shown = driver.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                "window.vrammath.runExamples(window.vrammath.examplesOf(arguments[0]))"
+                ".then(done, (e) => done(String(e)));",
+                i,
+            )
+            if not isinstance(shown, list):
+                problems.append(f"{rel} block {i + 1}: {shown}")
+                continue
+            for example in shown:
+                ran += 1
+                expected = example["expected"]
+                if expected.startswith("Traceback (most recent call last):"):
+                    # the example shows a refusal: the browser must raise the same last line
+                    want = expected.splitlines()[-1]
+                    if example["error"] and _normal(example["error"]) == _normal(want):
+                        same += 1
+                    else:
+                        problems.append(f"{rel}: {example['code']!r} should raise {want!r}")
+                    continue
+                if example["error"]:
+                    problems.append(f"{rel}: {example['code']!r} raised {example['error']}")
+                elif "doctest:" in example["code"] or _normal(example["got"]) == _normal(
+                    example["expected"]
+                ):
+                    same += "doctest:" not in example["code"]
+                else:
+                    problems.append(
+                        f"{rel}: {example['code']!r} gave {example['got'][:200]!r}, the doctest "
+                        f"expects {example['expected'][:200]!r}"
+                    )
+    lines = [
+        f"doctest examples: {ran} examples of {len(DOCTEST_PAGES)} API pages ran in the browser, "
+        f"{same} printed exactly what the doctest expects"
+    ]
+    return lines, problems
+
+
 def shipped(root: Path) -> list[str]:
     """What a reader's browser downloads for the live parts: raw and gzip'd bytes."""
     static = root / "_static"
@@ -512,6 +573,7 @@ def check_calculator(
         lambda: check_form(driver, base),
         lambda: check_links(driver, base, root),
         lambda: check_cells(driver, base, root),
+        lambda: check_doctests(driver, base),
     ):
         more_lines, more = check()
         lines += more_lines

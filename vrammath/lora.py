@@ -5,7 +5,8 @@ LoRA (Hu et al. 2021) freezes every weight ``W`` (out x in) of the adapted linea
 adapted matrix. The frozen base keeps its weights in their own dtype and has no gradients, no
 master copy and no optimizer states; only the adapters do. QLoRA (Dettmers et al. 2023) stores the
 frozen linear weights in NF4 (:mod:`vrammath.quant`) and pages the optimizer states to the CPU
-under memory pressure; :func:`lora_terms` composes both into the terms of one fine-tuning setup.
+under memory pressure. The term table (:data:`vrammath.terms.TERMS`) composes these expressions
+into the rows of a fine-tuning setup, as it composes every other setup.
 
 Adapter targets are named by what they adapt (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
 ``down``; ``qkv``, ``gate_up`` where an architecture fuses them; ``router`` and ``experts`` on
@@ -36,15 +37,13 @@ References
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import sympy
 
-from vrammath.adapted import AdaptedLinear, adapted_linears, adapter_tensors, lora_targets
+from vrammath.adapted import AdaptedLinear, adapted_linears, adapter_tensors
 from vrammath.errors import InputError, one_of
 from vrammath.model import ModelSpec
 from vrammath.params import param_count, size_values
-from vrammath.quant import dequant_buffer_expr, frozen_base_exprs
 from vrammath.states import IMPLEMENTATIONS, recipe, tensor_optimizer_expr
 from vrammath.symbols import L, P, b, r, s
 
@@ -244,128 +243,12 @@ def _wrapped_bytes(
     )
 
 
-@dataclass(frozen=True)
-class Term:
-    """One named memory term of a LoRA/QLoRA setup: key, label, expression, note."""
-
-    key: str
-    label: str
-    expr: sympy.Expr
-    note: str = ""
-
-
-def lora_terms(
-    spec: ModelSpec,
-    rank: int,
-    targets: str | Sequence[str] = ("q", "v"),
-    recipe_name: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    implementation: str = "foreach",
-    *,
-    quant: str | None = None,
-    dropout: bool = False,
-    recompute: str = "none",
-) -> list[Term]:
-    """The whole-model terms of a LoRA (``quant=None``) or QLoRA setup, before any sharding.
-
-    The frozen base sits in the recipe's weight dtype (bf16 around a quantized base) with no
-    gradients, master copy or optimizer states; the adapters are fp32 as peft makes them
-    (``autocast_adapter_dtype``), with fp32 gradients and the optimizer's states. The adapters'
-    own activations are :func:`lora_activation_layer_expr` per layer (one layer's worth, live
-    only while it is recomputed, under full recomputation).
-
-    >>> from vrammath.presets import load_model
-    >>> [t.key for t in lora_terms(load_model("llama-7b"), 16, "q,v", quant="nf4")]  # doctest: +NORMALIZE_WHITESPACE
-    ['weights', 'quant_constants', 'adapter_weights', 'adapter_gradients', 'adapter_optimizer',
-     'dequant_buffer', 'adapter_activations', 'step_temporaries']
-    """
-    rec = recipe(recipe_name)
-    chosen = lora_targets(targets)
-    base_bytes = 2 if quant is not None else rec.weights
-    base = frozen_base_exprs(spec, quant, base_bytes)
-    width = {1: "int8", 2: "16-bit", 4: "fp32"}.get(base_bytes, f"{base_bytes}-byte")
-    out = [
-        Term(
-            "weights",
-            f"frozen base weights ({quant} codes + 16-bit rest)"
-            if quant
-            else f"frozen base weights ({width})",
-            base["weights"],
-            "no gradients, master copy or optimizer states",
-        )
-    ]
-    if quant is not None:
-        note = "uint8 absmax per 64 + fp32 per 256 + offset" if quant == "nf4" else ""
-        out.append(
-            Term(
-                "quant_constants",
-                f"quantization constants ({quant})",
-                base["quant_constants"],
-                note,
-            )
-        )
-    states = lora_state_exprs(spec, rank, chosen, recipe_name, optimizer, adapter_dtype="fp32")
-    labels = {
-        "weights": "adapter weights (fp32)",
-        "gradients": "adapter gradients (fp32)",
-        "master": "adapter master weights",
-        "optimizer": f"adapter optimizer states ({optimizer})",
-    }
-    for key, expr in states.items():
-        if key == "master" and expr == 0:
-            continue
-        out.append(Term(f"adapter_{key}", labels[key], expr, f"rank {rank} on {','.join(chosen)}"))
-    if quant is not None:
-        out.append(
-            Term(
-                "dequant_buffer",
-                "dequantization buffer (transient)",
-                dequant_buffer_expr(spec, 2),
-                "one frozen matrix in bf16 per matmul",
-            )
-        )
-    layer = lora_activation_layer_expr(
-        spec, chosen, input_bytes=base_bytes, adapter_bytes=4, dropout=dropout
-    )
-    if recompute == "full":
-        out.append(
-            Term(
-                "adapter_activations",
-                "adapter activations (one layer, recomputed)",
-                layer,
-                "kept only while a layer is recomputed",
-            )
-        )
-    else:
-        out.append(
-            Term(
-                "adapter_activations",
-                "adapter activations",
-                L * layer,
-                "lora_A inputs" + (" + dropout masks" if dropout else "") + " + lora_A outputs",
-            )
-        )
-    out.append(
-        Term(
-            "step_temporaries",
-            f"optimizer step temporaries ({implementation})",
-            lora_step_temp_expr(
-                spec, rank, chosen, recipe_name, optimizer, implementation, adapter_dtype="fp32"
-            ),
-            "transient, during optimizer.step(), adapters only",
-        )
-    )
-    return out
-
-
 __all__ = [
     "ADAPTER_DTYPES",
-    "Term",
     "lora_activation_layer_expr",
     "lora_param_count",
     "lora_param_expr",
     "lora_state_exprs",
     "lora_step_temp_expr",
-    "lora_terms",
     "lora_values",
 ]

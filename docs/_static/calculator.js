@@ -24,6 +24,14 @@
   const fmt = (bytes, unit) => (Number(bytes) / (unit === "GB" ? 1e9 : 2 ** 30)).toFixed(2) + " " + unit;
   const both = (bytes) => `${fmt(bytes, "GB")} / ${fmt(bytes, "GiB")}`;
   const label = (f) => (f.flag || f.name).replace(/^--/, "");
+  // per tab, the fields shown unfolded (null: all of them)
+  const MAIN = {
+    estimate: ["model", "gpu", "recipe", "optimizer", "zero", "gpus", "micro_batch", "seq_len",
+      "recompute", "offload_optimizer", "lora_rank", "quant"],
+    fit: ["model", "gpu", "recipe", "optimizer", "zero", "gpus", "micro_batch", "seq_len",
+      "recompute", "lora_rank", "quant", "headroom"],
+    serve: null,
+  };
   const TABS = [
     { name: "estimate", prefix: "vm-", title: "Training: vrammath estimate" },
     { name: "fit", prefix: "vm-fit-", title: "Fit: vrammath fit" },
@@ -77,14 +85,20 @@
     model.value = D.initial[tab.name].model;
     tab.inputs.model = model;
     const fields = [{ name: "model", flag: null, help: "a model preset (vrammath models)" }, ...tab.fields];
+    // the fields most setups change stay in view; the rest fold under "more options"
+    const more = el("div", { class: "vm-form vm-more-fields" });
+    tab.more = el("details", { class: "vm-more" }, el("summary", { text: "more options" }), more);
     for (const f of fields) {
       const input = f.name === "model" ? model : control(tab, f);
+      input.title = f.help || "";
       tab.inputs[f.name] = input;
       tab.errors[f.name] = el("span", { class: "vm-field-error", id: tab.prefix + "err-" + f.name });
-      form.append(el("div", { class: "vm-field" },
+      const box = el("div", { class: "vm-field" },
         el("label", { for: input.id, title: f.help, text: f.name === "model" ? "model" : f.flag }),
-        input, tab.errors[f.name]));
+        input, tab.errors[f.name]);
+      (MAIN[tab.name] === null || MAIN[tab.name].includes(f.name) ? form : more).append(box);
     }
+    if (more.childElementCount) form.append(tab.more);
     tab.form = form;
     tab.cli = el("code", { id: tab.prefix + "cli" });
     tab.copy = el("button", { type: "button", class: "vm-copy", text: "copy as CLI command" });
@@ -149,7 +163,10 @@
   }
   function showError(tab, message) {
     const name = fieldOf(tab, message);
-    if (name && tab.errors[name]) tab.errors[name].textContent = message.replace(/^vrammath: error: /, "");
+    if (name && tab.errors[name]) {
+      tab.errors[name].textContent = message.replace(/^vrammath: error: /, "");
+      if (tab.more.contains(tab.errors[name])) tab.more.open = true;
+    }
     tab.status.textContent = message;
     tab.status.className = "vm-status vm-bad";
   }
@@ -298,7 +315,11 @@
     const name = (pairs.find(([k]) => k === "tab") || [null, "estimate"])[1];
     select(tabs[name] ? name : "estimate");
     const tab = tabs[current];
-    for (const [k, value] of pairs) if (tab.inputs[k] && value !== undefined) setValue(tab.inputs[k], value);
+    for (const [k, value] of pairs) {
+      if (!tab.inputs[k] || value === undefined) continue;
+      setValue(tab.inputs[k], value);
+      if (tab.more.contains(tab.inputs[k])) tab.more.open = true;
+    }
     return pairs.some(([k]) => k !== "tab");
   }
 

@@ -181,6 +181,82 @@
       });
     });
   }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", addRunControls);
-  else addRunControls();
+  // --- the API pages' doctest examples, runnable the same way ---------------------------------
+  /** A doctest block's examples: [code, expected output] per ">>> " prompt. */
+  function examplesOf(block) {
+    const examples = [];
+    for (const line of block.textContent.split("\n")) {
+      if (line.startsWith(">>> ")) examples.push([line.slice(4), []]);
+      else if (line.startsWith("... ") || line === "...") examples[examples.length - 1][0] += "\n" + line.slice(4);
+      else if (examples.length) examples[examples.length - 1][1].push(line);
+    }
+    return examples.map(([code, out]) => [code, out.join("\n").trim()]);
+  }
+  const apiPage = () => {
+    const page = typeof DOCUMENTATION_OPTIONS !== "undefined" ? DOCUMENTATION_OPTIONS.pagename : "";
+    const m = /^reference\/api\/(\w+)$/.exec(page);
+    return m ? "vrammath." + m[1] : null;
+  };
+  const DOCTEST_SCOPE = location.pathname + "#doctest";
+  let preluded = null;
+  /** The documented module's namespace, as the doctests have it (docs/reference/api/*.md). */
+  async function prelude() {
+    if (preluded === null) {
+      preluded = vm.cell(DOCTEST_SCOPE, `import importlib\nglobals().update(vars(importlib.import_module(${JSON.stringify(apiPage())})))`);
+    }
+    const pre = await preluded;
+    if (pre.error) throw new Error(pre.error);
+  }
+  /** Run a doctest block's examples in the documented module's namespace, as the doctests run. */
+  async function runExamples(examples) {
+    const scope = DOCTEST_SCOPE;
+    await prelude();
+    const shown = [];
+    for (const [code, expected] of examples) {
+      const got = await vm.cell(scope, code);
+      const text = [got.output.trim(), got.value].filter(Boolean).join("\n");
+      shown.push({ code, expected, got: got.error ? got.output.trim() || got.error : text, error: got.error });
+      if (got.error && !expected.startsWith("Traceback")) break;  // a refusal may be the point
+    }
+    return shown;
+  }
+  vm.examplesOf = (index) => examplesOf(document.querySelectorAll("div.doctest")[index]);
+  vm.runExamples = runExamples;
+  function addDoctestControls() {
+    if (!apiPage()) return;
+    document.querySelectorAll("div.doctest").forEach((block) => {
+      const button = el("button", { type: "button", class: "vm-run-button", text: "run in the browser" });
+      const box = el("div", { class: "vm-run", hidden: "" });
+      block.after(el("div", { class: "vm-run-bar" }, button), box);
+      button.addEventListener("click", () => {
+        if (!box.hidden) { box.hidden = true; return; }
+        box.hidden = false;
+        if (box.childElementCount) return;
+        const editor = el("textarea", { class: "vm-run-code", spellcheck: "false", rows: "6" });
+        editor.value = examplesOf(block).map(([code]) => code).join("\n");
+        const go = el("button", { type: "button", class: "vm-run-go", text: "run" });
+        const status = el("div", { class: "vm-run-status" });
+        const output = el("pre", { class: "vm-run-output" });
+        box.append(editor, go, status, output);
+        go.addEventListener("click", async () => {
+          output.textContent = "";
+          status.className = "vm-run-status";
+          status.textContent = vm.progress ? vm.progress + " ..." : "starting Python ...";
+          try {
+            await prelude();
+            const got = await vm.cell(DOCTEST_SCOPE, editor.value);
+            status.textContent = got.error ? "error: " + got.error : "done";
+            status.className = "vm-run-status " + (got.error ? "vm-bad" : "vm-ok");
+            output.textContent = [got.output, got.value].filter(Boolean).join("\n");
+          } catch (err) {
+            status.className = "vm-run-status vm-bad";
+            status.textContent = err.message;
+          }
+        });
+      });
+    });
+  }
+  function addControls() { addRunControls(); addDoctestControls(); }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", addControls);
+  else addControls();
 })();

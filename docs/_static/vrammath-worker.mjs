@@ -88,6 +88,14 @@ except ModuleNotFoundError:
     _myst_nb = types.ModuleType("myst_nb")
     _myst_nb.glue = lambda name, value, display=True: None
     sys.modules["myst_nb"] = _myst_nb
+
+from pyodide.code import eval_code as _vm_eval_code
+
+
+def _vm_cell(code, scope):
+    """Run a cell in scope; the repr of its last bare expression, as Jupyter shows it."""
+    value = _vm_eval_code(code, scope)
+    return None if value is None else repr(value)
 `;
 let shimmed = false;
 
@@ -99,13 +107,8 @@ function runCell(scope, code) {
   py.setStdout({ batched: (s) => out.push(s) });
   py.setStderr({ batched: (s) => out.push(s) });
   try {
-    const value = py.runPython(code, { globals: scopes.get(scope) });
-    let shown = null;
-    if (value !== undefined && value !== null) {
-      shown = value.type !== undefined ? py.globals.get("repr")(value) : String(value);
-      if (value.destroy) value.destroy();
-    }
-    return { output: out.join("\n"), value: shown, error: null };
+    const shown = py.globals.get("_vm_cell")(code, scopes.get(scope));
+    return { output: out.join("\n"), value: shown === undefined ? null : shown, error: null };
   } catch (err) {
     const text = String(err.message || err);
     const lines = text.trim().split("\n");
