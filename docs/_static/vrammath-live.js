@@ -81,6 +81,8 @@
     serve: (setup) => command("serve", setup),
   };
   window.vrammath = vm;
+  // a page that needs Python at once says so in its head (the calculator): start while it loads
+  if (document.querySelector('meta[name="vrammath-live"][content="start"]')) start();
 
   // --- runnable cells: every code cell of a page can be edited and run here -------------------
   const el = (tag, attrs, ...kids) => {
