@@ -13,14 +13,7 @@
   if (!root || !dataNode || !window.vrammath) return;
   const vm = window.vrammath;
   const D = JSON.parse(dataNode.textContent);
-  const el = (tag, attrs, ...kids) => {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "text") node.textContent = v; else node.setAttribute(k, v);
-    }
-    kids.forEach((kid) => node.append(kid));
-    return node;
-  };
+  const el = vm.el;  // document.createElement with attributes and children (vrammath-live.js)
   const fmt = (bytes, unit) => (Number(bytes) / (unit === "GB" ? 1e9 : 2 ** 30)).toFixed(2) + " " + unit;
   const both = (bytes) => `${fmt(bytes, "GB")} / ${fmt(bytes, "GiB")}`;
   const label = (f) => (f.flag || f.name).replace(/^--/, "");

@@ -93,6 +93,7 @@
     kids.forEach((kid) => node.append(kid));
     return node;
   };
+  vm.el = el;  // the calculator builds its page with it too
   function cellSource(cell) {
     const pre = cell.querySelector(".cell_input pre");
     return pre ? pre.textContent : "";
