@@ -119,10 +119,44 @@ PHASE_HOLDS = {
 def peak_text(est: vm.Estimate) -> str:
     """The estimate's per-GPU peak with what it is: its phase and what that phase holds.
 
-    >>> peak_text(vm.estimate(vm.Setup(vm.load_model("llama-7b"))))
-    '134.77 GB, the optimizer-step peak (the states and the step's temporaries; the activations are freed)'
+    >>> print(peak_text(vm.estimate(vm.Setup(vm.load_model("llama-7b")))))
+    134.77 GB, the optimizer-step peak (the states and the step's temporaries; the activations are freed)
     """
     return f"{gbs(est.gpu_bytes)}, {PHASE_HOLDS[est.peak_phase]}"
+
+
+def context_note(tokens: int, *specs: vm.ModelSpec, serving: bool = False) -> str:
+    """What a page says when it counts memory past a model's trained context: the CLI's own
+    warning for each model past it (:func:`vrammath.setup.setup_warnings`, or
+    :func:`vrammath.inference.serve_warnings` with ``serving``), or ``""``.
+
+    >>> context_note(2048, vm.load_model("llama-7b"))
+    ''
+    >>> context_note(4096, vm.load_model("llama-7b"))[:60]
+    "Past a model's trained context the numbers still count its m"
+    """
+    from vrammath.inference import serve_warnings
+    from vrammath.setup import setup_warnings
+
+    def warnings(spec: vm.ModelSpec) -> tuple[str, ...]:
+        if serving:
+            return serve_warnings(vm.Serve(spec, context=tokens))
+        return setup_warnings(vm.Setup(spec, seq_len=tokens))
+
+    past = [
+        f"{spec.name}: {warning}"
+        for spec in specs
+        for warning in warnings(spec)
+        if "max_position_embeddings" in warning
+    ]
+    if not past:
+        return ""
+    return (
+        "Past a model's trained context the numbers still count its memory, as they would for a "
+        "context extended by RoPE scaling; how well the model does there is another matter ("
+        + "; ".join(past)
+        + ")."
+    )
 
 
 def fits_text(est: vm.Estimate) -> str:
