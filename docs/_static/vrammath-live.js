@@ -74,7 +74,7 @@
     onProgress: (f) => listeners.push(f),
     call: (name, setup) => ask("call", [name, setup]),
     run: (argv) => ask("run", [argv]),
-    tex: (setup) => ask("tex", [setup]),
+    tex: (argv) => ask("tex", [argv]),  // LaTeX of each component of an estimate command line
     cell: (scope, code) => ask("cell", [scope, code]),
     estimate: (setup) => command("estimate", setup),
     fit: (setup) => command("fit", setup),

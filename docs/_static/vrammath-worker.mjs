@@ -4,7 +4,7 @@
  * zip) and the docs helpers (vmdocs.py, for the runnable cells).
  *
  * Messages in: {id, op, args}. op "call" [command, setup] -> vrammath.browser.call; "tex"
- * [setup] -> component_tex; "run" [argv] -> vrammath.browser.run; "cell" [scope, code] -> the
+ * [argv] -> component_tex; "run" [argv] -> vrammath.browser.run; "cell" [scope, code] -> the
  * cell's output in that scope's namespace. Messages out: {id, result} or {id, error}, and
  * {progress: text, ms} while starting, then {ready: {timings}}.
  */
