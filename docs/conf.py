@@ -201,17 +201,17 @@ def _pyodide_tarball() -> Path:
     import base64
     import urllib.request
 
+    def integrity(data: bytes) -> str:  # npm's form: base64 of the sha512
+        return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+
     tarball = LIVE_CACHE / f"pyodide-{PYODIDE_VERSION}.tgz"
-    want = PYODIDE_INTEGRITY.removeprefix("sha512-")
-    if (
-        tarball.is_file()
-        and base64.b64encode(hashlib.sha512(tarball.read_bytes()).digest()).decode() == want
-    ):
+    want = PYODIDE_INTEGRITY
+    if tarball.is_file() and integrity(tarball.read_bytes()) == want:
         return tarball
     url = f"https://registry.npmjs.org/pyodide/-/pyodide-{PYODIDE_VERSION}.tgz"
     with urllib.request.urlopen(url, timeout=300) as response:
         data = response.read()
-    got = base64.b64encode(hashlib.sha512(data).digest()).decode()
+    got = integrity(data)
     if got != want:
         raise RuntimeError(f"{url}: sha512 {got} is not the pinned {want}")
     LIVE_CACHE.mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,8 @@ def stage_live() -> Path:
     import tarfile
 
     stamp = LIVE_STAGE / "source.txt"
-    key = f"{PYODIDE_VERSION} {SOURCES_HASH}"
+    bundler = ROOT / "tools" / "pyodide_bundle.mjs"
+    key = f"{PYODIDE_VERSION} {SOURCES_HASH} {hashlib.sha256(bundler.read_bytes()).hexdigest()}"
     if stamp.is_file() and stamp.read_text() == key:
         return LIVE_STAGE
     shutil.rmtree(LIVE_STAGE, ignore_errors=True)
@@ -295,9 +296,7 @@ def stage_live() -> Path:
     (wheels / "manifest.json").write_text(json.dumps(manifest, indent=1))
     node = shutil.which("node")
     if node:  # precompiled by the browser's own Python: the page starts seconds sooner
-        subprocess.run(
-            [node, str(ROOT / "tools" / "pyodide_bundle.mjs"), str(LIVE_STAGE)], check=True
-        )
+        subprocess.run([node, str(bundler), str(LIVE_STAGE)], check=True)
         for name in names:  # shipped inside the bundle
             (wheels / name).unlink()
     else:

@@ -141,48 +141,55 @@
       if (got.error) throw new Error(`an earlier cell of this page failed: ${got.error}`);
     }
   }
+  /** A "run in the browser" button after ``anchor``: it opens ``source()`` for editing, and
+   * ``run(code)`` (a promise of the worker's cell result) runs it. */
+  function runControl(anchor, source, run) {
+    const button = el("button", { type: "button", class: "vm-run-button", text: "run in the browser" });
+    const box = el("div", { class: "vm-run", hidden: "" });
+    anchor.after(el("div", { class: "vm-run-bar" }, button), box);
+    button.addEventListener("click", () => {
+      if (!box.hidden) { box.hidden = true; return; }
+      box.hidden = false;
+      if (box.childElementCount) return;
+      const editor = el("textarea", { class: "vm-run-code", spellcheck: "false", rows: "8" });
+      editor.value = source();
+      const go = el("button", { type: "button", class: "vm-run-go", text: "run" });
+      const status = el("div", { class: "vm-run-status" });
+      const output = el("pre", { class: "vm-run-output" });
+      box.append(editor, go, status, output);
+      vm.onProgress((p) => { if (status.dataset.waiting) status.textContent = p + " ..."; });
+      go.addEventListener("click", async () => {
+        output.textContent = "";
+        status.className = "vm-run-status";
+        status.dataset.waiting = "1";
+        status.textContent = vm.progress ? vm.progress + " ..." : "starting Python ...";
+        try {
+          const got = await run(editor.value);
+          status.textContent = got.error ? "error: " + got.error : "done";
+          status.className = "vm-run-status " + (got.error ? "vm-bad" : "vm-ok");
+          output.textContent = [got.output, got.value].filter(Boolean).join("\n");
+        } catch (err) {
+          status.className = "vm-run-status vm-bad";
+          status.textContent = err.message;
+        } finally {
+          delete status.dataset.waiting;
+        }
+      });
+    });
+  }
   function addRunControls() {
     if (document.getElementById("vm-calc")) return;  // the calculator is live already
     const cells = Array.from(document.querySelectorAll("div.cell")).filter((c) => c.querySelector(".cell_input pre"));
     const scope = location.pathname;
-    cells.forEach((cell) => {
-      const button = el("button", { type: "button", class: "vm-run-button", text: "run in the browser" });
-      const box = el("div", { class: "vm-run", hidden: "" });
-      cell.querySelector(".cell_input").after(el("div", { class: "vm-run-bar" }, button), box);
-      button.addEventListener("click", () => {
-        if (!box.hidden) { box.hidden = true; return; }
-        box.hidden = false;
-        if (box.childElementCount) return;
-        const editor = el("textarea", { class: "vm-run-code", spellcheck: "false", rows: "8" });
-        editor.value = cellSource(cell);
-        const go = el("button", { type: "button", class: "vm-run-go", text: "run" });
-        const status = el("div", { class: "vm-run-status" });
-        const output = el("pre", { class: "vm-run-output" });
-        box.append(editor, go, status, output);
-        vm.onProgress((p) => { if (status.dataset.waiting) status.textContent = p + " ..."; });
-        go.addEventListener("click", async () => {
-          output.textContent = "";
-          status.dataset.waiting = "1";
-          status.textContent = vm.progress ? vm.progress + " ..." : "starting Python ...";
-          try {
-            const all = await pageCells();
-            const index = all.indexOf(cellSource(cell).trim());
-            if (index < 0) throw new Error("this cell is not in the page's source");
-            await runBefore(index, scope);
-            const got = await vm.cell(scope, editor.value);
-            ranUpTo = Math.max(ranUpTo, index + 1);
-            delete status.dataset.waiting;
-            status.textContent = got.error ? "error: " + got.error : "done";
-            status.className = "vm-run-status " + (got.error ? "vm-bad" : "vm-ok");
-            output.textContent = [got.output, got.value].filter(Boolean).join("\n");
-          } catch (err) {
-            delete status.dataset.waiting;
-            status.className = "vm-run-status vm-bad";
-            status.textContent = err.message;
-          }
-        });
-      });
-    });
+    cells.forEach((cell) => runControl(cell.querySelector(".cell_input"), () => cellSource(cell), async (code) => {
+      const all = await pageCells();
+      const index = all.indexOf(cellSource(cell).trim());
+      if (index < 0) throw new Error("this cell is not in the page's source");
+      await runBefore(index, scope);
+      const got = await vm.cell(scope, code);
+      ranUpTo = Math.max(ranUpTo, index + 1);
+      return got;
+    }));
   }
   // --- the API pages' doctest examples, runnable the same way ---------------------------------
   /** A doctest block's examples: [code, expected output] per ">>> " prompt. */
@@ -227,37 +234,9 @@
   vm.runExamples = runExamples;
   function addDoctestControls() {
     if (!apiPage()) return;
-    document.querySelectorAll("div.doctest").forEach((block) => {
-      const button = el("button", { type: "button", class: "vm-run-button", text: "run in the browser" });
-      const box = el("div", { class: "vm-run", hidden: "" });
-      block.after(el("div", { class: "vm-run-bar" }, button), box);
-      button.addEventListener("click", () => {
-        if (!box.hidden) { box.hidden = true; return; }
-        box.hidden = false;
-        if (box.childElementCount) return;
-        const editor = el("textarea", { class: "vm-run-code", spellcheck: "false", rows: "6" });
-        editor.value = examplesOf(block).map(([code]) => code).join("\n");
-        const go = el("button", { type: "button", class: "vm-run-go", text: "run" });
-        const status = el("div", { class: "vm-run-status" });
-        const output = el("pre", { class: "vm-run-output" });
-        box.append(editor, go, status, output);
-        go.addEventListener("click", async () => {
-          output.textContent = "";
-          status.className = "vm-run-status";
-          status.textContent = vm.progress ? vm.progress + " ..." : "starting Python ...";
-          try {
-            await prelude();
-            const got = await vm.cell(DOCTEST_SCOPE, editor.value);
-            status.textContent = got.error ? "error: " + got.error : "done";
-            status.className = "vm-run-status " + (got.error ? "vm-bad" : "vm-ok");
-            output.textContent = [got.output, got.value].filter(Boolean).join("\n");
-          } catch (err) {
-            status.className = "vm-run-status vm-bad";
-            status.textContent = err.message;
-          }
-        });
-      });
-    });
+    document.querySelectorAll("div.doctest").forEach((block) => runControl(block,
+      () => examplesOf(block).map(([code]) => code).join("\n"),
+      async (code) => { await prelude(); return vm.cell(DOCTEST_SCOPE, code); }));
   }
   function addControls() { addRunControls(); addDoctestControls(); }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", addControls);
