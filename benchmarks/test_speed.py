@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import sympy
 
-from vrammath.estimate import Component, Estimate, estimate
-from vrammath.presets import load_model
-from vrammath.setup import Setup
-from vrammath.sweep import sweep
-from vrammath.symbols import N_d, b, s
+from vrammath.answers.sweep import sweep
+from vrammath.compose.estimate import Component, Estimate, estimate
+from vrammath.compose.setup import Setup
+from vrammath.model.presets import load_model
+from vrammath.notation.symbols import N_d, b, s
 
 POINTS = 10**6
 SUBS_SAMPLE = 200
@@ -28,13 +28,13 @@ def _setup_estimate() -> Estimate:
     """LLaMA-7B, ZeRO-3 over 8 GPUs, with activation terms in b and s.
 
     Until activations are wired into :func:`estimate`, the activation expressions of
-    :mod:`vrammath.activations` are attached as components so the sweep has b and s to vary.
+    :mod:`vrammath.terms.activations.model` are attached as components so the sweep has b and s to vary.
     """
     spec = load_model("llama-7b")
     est = estimate(Setup(spec, zero=3, gpus=8))
     if {b, s} <= est.gpu_expr().free_symbols:
         return est
-    from vrammath.activations import activation_exprs
+    from vrammath.terms.activations.model import activation_exprs
 
     extra = tuple(
         Component(f"bench_{key}", key, "gpu", expr, None)
@@ -131,7 +131,7 @@ def _formula_times() -> dict[str, float]:
     import io
 
     from vrammath.cli import FORMULAS, main
-    from vrammath.presets import model_names
+    from vrammath.model.presets import model_names
 
     times: dict[str, float] = {}
     for preset in model_names():

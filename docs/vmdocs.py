@@ -127,16 +127,16 @@ def peak_text(est: vm.Estimate) -> str:
 
 def context_note(tokens: int, *specs: vm.ModelSpec, serving: bool = False) -> str:
     """What a page says when it counts memory past a model's trained context: the CLI's own
-    warning for each model past it (:func:`vrammath.setup.setup_warnings`, or
-    :func:`vrammath.inference.serve_warnings` with ``serving``), or ``""``.
+    warning for each model past it (:func:`vrammath.compose.setup.setup_warnings`, or
+    :func:`vrammath.serve.estimate.serve_warnings` with ``serving``), or ``""``.
 
     >>> context_note(2048, vm.load_model("llama-7b"))
     ''
     >>> context_note(4096, vm.load_model("llama-7b"))[:60]
     "Past a model's trained context the numbers still count its m"
     """
-    from vrammath.inference import serve_warnings
-    from vrammath.setup import setup_warnings
+    from vrammath.compose.setup import setup_warnings
+    from vrammath.serve.estimate import serve_warnings
 
     def warnings(spec: vm.ModelSpec) -> tuple[str, ...]:
         if serving:
@@ -238,7 +238,7 @@ def calculator_fragment(setup: vm.Setup | vm.Serve) -> str:
     >>> calculator_fragment(vm.Serve(vm.load_model("llama-2-7b"), block=None, gpu="A100-80GB"))
     'tab=serve&model=llama-2-7b&block=&gpu=A100-80GB'
     """
-    from vrammath.fields import field_values
+    from vrammath.notation.fields import field_values
 
     defaults = field_values(type(setup)(setup.model))
     parts = ["tab=serve"] if isinstance(setup, vm.Serve) else []
@@ -417,7 +417,7 @@ def cli_args(name: str) -> list[str]:
 
 def record_of(est: vm.Estimate) -> dict[str, Any]:
     """The numbers a page may glue for a setup, as the CLI's JSON names them."""
-    data: dict[str, Any] = est.as_dict()
+    data: dict[str, Any] = vm.estimate_dict(est)
     return {
         "totals": data["totals"],
         "phases": data["phases"],

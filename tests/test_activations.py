@@ -7,10 +7,12 @@ from typing import Literal
 import pytest
 import sympy
 
-from vrammath import activations as act
-from vrammath import gpt_blocks, korthikanti, layer_terms
-from vrammath.errors import InputError
-from vrammath.symbols import L, V, a, b, h, m, p, s, t
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import L, V, a, b, h, m, p, s, t
+from vrammath.terms.activations import gpt as gpt_blocks
+from vrammath.terms.activations import layer as layer_terms
+from vrammath.terms.activations import model as act
+from vrammath.terms.korthikanti import dense as korthikanti
 
 # The paper's Table 3 models (s = 2048, v = 51200, t = 8).
 TABLE3 = {
@@ -111,9 +113,9 @@ def test_unknown_options_raise(kwargs: dict[str, str], field: str) -> None:
 
 # --- implementation-exact formulas (values measured with vrammath.measure; see tests/measure) ---
 
-from vrammath.model import from_hf_config  # noqa: E402
-from vrammath.params import size_values  # noqa: E402
-from vrammath.presets import load_model  # noqa: E402
+from vrammath.model.params import size_values  # noqa: E402
+from vrammath.model.presets import load_model  # noqa: E402
+from vrammath.model.readers import from_hf_config  # noqa: E402
 
 MiB = 2**20
 
@@ -144,7 +146,7 @@ def test_sdpa_keeps_a_log_sum_exp_not_scores() -> None:
 
 
 def test_gqa_and_explicit_head_dim_enter_the_layer() -> None:
-    from vrammath.symbols import a_kv, d
+    from vrammath.notation.symbols import a_kv, d
 
     spec = from_hf_config(
         {
@@ -183,7 +185,7 @@ def test_logits_dominate_at_qwen2_vocabulary() -> None:
 
 
 def test_full_recompute_keeps_layer_inputs() -> None:
-    from vrammath.symbols import h as hh
+    from vrammath.notation.symbols import h as hh
 
     spec = load_model("llama-7b")
     layers = act.hf_activation_terms(spec, "sdpa", "bf16", "full")["layers"]
@@ -191,7 +193,7 @@ def test_full_recompute_keeps_layer_inputs() -> None:
 
 
 def test_gpt2_with_fused_gelu_is_korthikanti_plus_norm_statistics() -> None:
-    from vrammath.symbols import I as II
+    from vrammath.notation.symbols import I as II
 
     spec = load_model("gpt2")
     layer = layer_terms.hf_layer_bytes(spec, "eager", "bf16", gelu="gelu_pytorch_tanh")
@@ -247,3 +249,10 @@ def test_final_norm_is_one_layer_norm() -> None:
             layer = layer_terms.hf_layer_terms(spec, "eager", precision)["norms"]
             final = act.hf_activation_terms(spec, "eager", precision)["final_norm"]
             assert _zero(layer - 2 * final)
+
+
+def test_every_gelu_the_readers_accept_has_its_kept_count() -> None:
+    # the readers accept vocab.GELU_VARIANTS; the formulas index GELU_KEPT with them
+    from vrammath.notation.vocab import GELU_VARIANTS
+
+    assert tuple(gpt_blocks.GELU_KEPT) == GELU_VARIANTS

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrammath.allocator import (
+from vrammath.model.presets import gpu
+from vrammath.notation.errors import InputError
+from vrammath.terms.allocator import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     Event,
@@ -16,8 +18,6 @@ from vrammath.allocator import (
     segment_size,
     with_workspaces,
 )
-from vrammath.errors import InputError
-from vrammath.presets import gpu
 
 MiB = 2**20
 

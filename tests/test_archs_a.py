@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from vrammath.activations import hf_activation_terms
-from vrammath.adapted import adapted_linears
-from vrammath.errors import InputError
-from vrammath.kv_cache import kv_bytes_per_token
-from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms, qk_norm_bytes
-from vrammath.lora import lora_param_count
-from vrammath.model import from_hf_config
-from vrammath.params import param_count, size_values, tensors
-from vrammath.presets import load_model
-from vrammath.symbols import I, a, a_kv, b, d, h, s
+from vrammath.model.params import param_count, size_values, tensors
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import I, a, a_kv, b, d, h, s
+from vrammath.serve.kv_cache import kv_bytes_per_token
+from vrammath.terms.activations.layer import hf_layer_bytes, hf_layer_terms, qk_norm_bytes
+from vrammath.terms.activations.model import hf_activation_terms
+from vrammath.terms.lora.adapters import lora_param_count
+from vrammath.terms.lora.linears import adapted_linears
 
 BASE: dict[str, object] = {
     "hidden_size": 72,

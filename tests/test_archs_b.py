@@ -7,14 +7,14 @@ import pytest
 import sympy
 
 import vrammath as vm
-from vrammath.activations import hf_activation_bytes
-from vrammath.errors import InputError
-from vrammath.kv_cache import kv_cache_bytes
-from vrammath.layer_terms import hf_layer_terms, window_reached
-from vrammath.model import from_hf_config
-from vrammath.params import param_count, size_values
-from vrammath.presets import load_model
-from vrammath.symbols import b, s, w_win
+from vrammath.model.params import param_count, size_values
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import b, s, w_win
+from vrammath.serve.kv_cache import kv_cache_bytes
+from vrammath.terms.activations.layer import hf_layer_terms, window_reached
+from vrammath.terms.activations.model import hf_activation_bytes
 
 SMALL_GEMMA2 = {
     "model_type": "gemma2",
@@ -113,7 +113,7 @@ def test_gemma2_sdpa_is_refused_with_softcapping() -> None:
 
 
 def test_gemma2_eager_layer_terms() -> None:
-    from vrammath.symbols import I, a, d, h
+    from vrammath.notation.symbols import I, a, d, h
 
     spec = from_hf_config(SMALL_GEMMA2)
     terms = hf_layer_terms(spec, "eager", "bf16")

@@ -18,12 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import vrammath as vm
+from vrammath.answers.formulas import FORMULA_OPTIONS, FORMULAS
+from vrammath.answers.plan import candidates
 from vrammath.cli import main
-from vrammath.errors import InputError
-from vrammath.fields import options
-from vrammath.formulas import FORMULA_OPTIONS, FORMULAS
-from vrammath.inference import Serve
-from vrammath.setup import Setup
+from vrammath.compose.setup import Setup
+from vrammath.notation.errors import InputError
+from vrammath.notation.fields import options
+from vrammath.serve.estimate import Serve
 
 #: JSON values that are not what any field expects: containers, null, booleans, odd numbers
 ODD_JSON = st.one_of(
@@ -289,7 +290,7 @@ def test_shard_layout_without_sharding_is_refused(model: str, gpus: int) -> None
         Setup(spec, shard="dim0", gpus=1, zero=3)
     setup = Setup(spec, shard="dim0", gpus=gpus, zero=3)
     # the plan still weighs plain data parallelism (unsharded, the layout is flat)
-    assert any(c.zero == 0 and c.shard == "flat" for c in vm.plan.candidates(setup))
+    assert any(c.zero == 0 and c.shard == "flat" for c in candidates(setup))
 
 
 @settings(max_examples=20, deadline=None)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from vrammath.budget import (
+from vrammath.answers.budget import (
     DEFAULT_RESERVE_BYTES,
     Budget,
     branches,
@@ -17,11 +17,11 @@ from vrammath.budget import (
     load_nodes,
     node_preset,
 )
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.presets import gpu, load_gpus, load_model
-from vrammath.setup import Setup
-from vrammath.symbols import P
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup
+from vrammath.model.presets import gpu, load_gpus, load_model
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import P
 
 TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 NOT_A_NAME: Any = None

@@ -12,8 +12,8 @@ import pytest
 import sympy
 
 from vrammath.cli import FORMULAS, main
-from vrammath.params import param_count
-from vrammath.presets import load_model
+from vrammath.model.params import param_count
+from vrammath.model.presets import load_model
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -291,8 +291,8 @@ def test_every_formula_term_prints_text_and_latex(
 
 
 def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFixture[str]) -> None:
-    from vrammath.activations import activation_exprs
-    from vrammath.korthikanti import korthikanti_layer_bytes
+    from vrammath.terms.activations.model import activation_exprs
+    from vrammath.terms.korthikanti.dense import korthikanti_layer_bytes
 
     exprs = formula(capsys, "activations")
     assert exprs["korthikanti layer, parallel tp, recompute selective"] == str(
@@ -306,7 +306,7 @@ def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFix
     spec = load_model("gpt2")
     with_model = formula(capsys, "activations", "--model", "gpt2", "--recipe", "fp32")
     hf = with_model["hf activations, all layers, recompute none"]
-    from vrammath.params import size_values
+    from vrammath.model.params import size_values
 
     expected = activation_exprs(spec, "sdpa", "fp32")["activations"].subs(size_values(spec))
     assert hf == str(expected)
@@ -321,8 +321,8 @@ def test_formula_activations_are_the_package_functions(capsys: pytest.CaptureFix
 
 
 def test_formula_kv_lora_phases(capsys: pytest.CaptureFixture[str]) -> None:
-    from vrammath.kv_cache import kv_cache_expr
-    from vrammath.lora import lora_param_expr
+    from vrammath.serve.kv_cache import kv_cache_expr
+    from vrammath.terms.lora.adapters import lora_param_expr
 
     spec = load_model("llama-7b")
     assert formula(capsys, "kv")["KV cache"] == str(kv_cache_expr(spec))
@@ -373,7 +373,7 @@ def test_deepseek_v3_layout_through_estimate(capsys: pytest.CaptureFixture[str])
 
 
 def test_capacity_factor_and_imbalance_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    from vrammath.moe_korthikanti import deepseek_v3_training_memory
+    from vrammath.answers.moe_layouts import deepseek_v3_training_memory
 
     def peak(*extra: str) -> int:
         code, out, _ = run(capsys, *DEEPSEEK_LAYOUT, "--json", *extra)

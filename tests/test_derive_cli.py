@@ -15,7 +15,7 @@ import sympy
 
 from vrammath.cli import main
 from vrammath.measure.derive import MONOMIALS, coefficients, solve_exact
-from vrammath.symbols import b, s
+from vrammath.notation.symbols import b, s
 
 STORED = Path(__file__).resolve().parents[1] / "validation" / "derive.json"
 

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from vrammath.budget import (
+from vrammath.answers.budget import (
     budget,
 )
+from vrammath.answers.fit import fit
 from vrammath.cli import main
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.fit import fit
-from vrammath.presets import load_model
-from vrammath.setup import Setup, with_changes
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup, with_changes
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
 
 TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vrammath.cli import FORMULAS, main
-from vrammath.presets import model_names
-from vrammath.units import fmt_gb
+from vrammath.model.presets import model_names
+from vrammath.notation.units import fmt_gb
 
 FIGURE = re.compile(r"(\S+) (GB|GiB)\b")
 

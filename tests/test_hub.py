@@ -140,8 +140,8 @@ def test_failures_are_one_line(hub: str, tmp_path: Path) -> None:
 def test_missing_extra_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
-    from vrammath.errors import InputError
-    from vrammath.hub import fetch_config
+    from vrammath.model.hub import fetch_config
+    from vrammath.notation.errors import InputError
 
     real_import = builtins.__import__
 

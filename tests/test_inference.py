@@ -7,14 +7,14 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrammath.errors import InputError
-from vrammath.inference import Serve, serve
-from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes
-from vrammath.model import from_hf_config
-from vrammath.params import param_count, size_values, tensors
-from vrammath.presets import gpu, load_model, model_names
-from vrammath.quant import QLORA_QUANT_RULES, quantized_tensors
-from vrammath.serving_weights import SERVE_QUANT_RULES, serving_weight_bytes
+from vrammath.model.params import param_count, size_values, tensors
+from vrammath.model.presets import gpu, load_model, model_names
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.errors import InputError
+from vrammath.serve.estimate import Serve, serve
+from vrammath.serve.kv_cache import kv_bytes_per_token, kv_cache_bytes
+from vrammath.serve.weights import SERVE_QUANT_RULES, serving_weight_bytes
+from vrammath.terms.lora.quant import QLORA_QUANT_RULES, quantized_tensors
 
 KiB = 1024
 

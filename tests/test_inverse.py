@@ -12,17 +12,17 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vrammath.budget import (
+from vrammath.answers.budget import (
     budget,
     host_check,
 )
-from vrammath.errors import InputError
-from vrammath.estimate import Estimate, estimate
-from vrammath.fit import fewest_gpus, largest_micro_batch, longest_sequence
-from vrammath.inverse import largest, smallest
-from vrammath.presets import load_model
-from vrammath.setup import Setup, with_changes
-from vrammath.symbols import N_d, P, b, h, s
+from vrammath.answers.fit import fewest_gpus, largest_micro_batch, longest_sequence
+from vrammath.answers.inverse import largest, smallest
+from vrammath.compose.estimate import Estimate, estimate
+from vrammath.compose.setup import Setup, with_changes
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import N_d, P, b, h, s
 
 MODELS = ("gpt2", "llama-7b", "qwen2-7b", "llama-2-70b", "qwen2-72b")
 GPUS = ("RTX-4090-24GB", "A100-40GB", "A100-80GB", "H200-141GB")

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 import sympy
 
-from vrammath.activations import hf_activation_bytes, hf_activation_terms
-from vrammath.errors import InputError
-from vrammath.latent_attention import mla_attention_terms, mla_layer_terms, mla_rope_bytes
-from vrammath.layer_terms import hf_layer_terms
 from vrammath.measure.matrix_rows import SMALL_DEEPSEEK_V3
-from vrammath.model import from_hf_config
-from vrammath.moe import moe_mlp_kept_exprs
-from vrammath.params import size_values
-from vrammath.presets import load_model
-from vrammath.symbols import L, L_e, a, b, d, d_r, d_v, k_e, s
+from vrammath.model.params import size_values
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import L, L_e, a, b, d, d_r, d_v, k_e, s
+from vrammath.terms.activations.latent import mla_attention_terms, mla_layer_terms, mla_rope_bytes
+from vrammath.terms.activations.layer import hf_layer_terms
+from vrammath.terms.activations.model import hf_activation_bytes, hf_activation_terms
+from vrammath.terms.moe.params import moe_mlp_kept_exprs
 
 DS = json.loads(
     (Path(__file__).resolve().parent.parent / "conf/models/deepseek-v3.json").read_text()
@@ -166,7 +166,7 @@ def test_consistent_derived_keys_are_accepted() -> None:
     assert odd.head_dim == 192
 
 
-# --- training estimates (vrammath.estimate with vrammath.deepseek_moe_steps) -------------------
+# --- training estimates (vrammath.estimate with vrammath.terms.moe.deepseek) -------------------
 
 SMALL = SMALL_DEEPSEEK_V3  # the matrix rows' config: one small DeepSeek-V3 for both
 
@@ -175,8 +175,8 @@ def test_fp32_routers_in_the_model_states() -> None:
     """transformers keeps DeepSeek-V3's router weights in fp32 in a bf16 model: their weights,
     gradients and Adam states are 4 bytes each (PyTorch counts 1,159,920 B of parameters and
     of gradients for this config; the optimizer's 2,320,020 B add 180 B of step counters)."""
-    from vrammath.params import fp32_param_expr, param_count
-    from vrammath.states import model_state_bytes
+    from vrammath.model.params import fp32_param_expr, param_count
+    from vrammath.terms.states import model_state_bytes
 
     spec = from_hf_config(SMALL)
     routers = 8 * 96 * 2  # E h, in the two MoE layers
@@ -188,8 +188,8 @@ def test_fp32_routers_in_the_model_states() -> None:
 
 
 def test_deepseek_v3_training_estimate_composes() -> None:
-    from vrammath.estimate import estimate
-    from vrammath.setup import Setup
+    from vrammath.compose.estimate import estimate
+    from vrammath.compose.setup import Setup
 
     setup = Setup(SPEC, recipe="bf16-pure", micro_batch=1, seq_len=4096, gpus=256, ep=64, zero=1)
     est = estimate(setup)
@@ -202,8 +202,8 @@ def test_deepseek_v3_training_estimate_composes() -> None:
 
 
 def test_cpu_math_kernel_peaks_are_refused_in_one_line() -> None:
-    from vrammath.estimate import estimate
-    from vrammath.setup import Setup
+    from vrammath.compose.estimate import estimate
+    from vrammath.compose.setup import Setup
 
     spec = from_hf_config({**SMALL, "v_head_dim": 16})  # qk_head_dim 24: the math kernel
     with pytest.raises(InputError, match=r"^device: cpu: with v_head_dim != qk_head_dim") as info:

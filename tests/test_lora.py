@@ -12,22 +12,27 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vrammath.adapted import LORA_TARGETS, adapted_linears, allowed_targets, lora_targets
-from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.lora import (
+from vrammath.answers.claims import lora_gpt3_claims, qlora_65b_claims
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup
+from vrammath.model.params import param_count, size_values
+from vrammath.model.presets import load_model, raw_config
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import b, r, s
+from vrammath.terms.lora.adapters import (
     lora_activation_layer_expr,
     lora_param_count,
     lora_state_exprs,
 )
-from vrammath.model import from_hf_config
-from vrammath.params import param_count, size_values
-from vrammath.presets import load_model, raw_config
-from vrammath.quant import frozen_base_exprs, nf4_published_bits_per_param, quantized_tensors
-from vrammath.setup import Setup
-from vrammath.states import state_values
-from vrammath.symbols import b, r, s
+from vrammath.terms.lora.linears import adapted_linears, allowed_targets
+from vrammath.terms.lora.quant import (
+    frozen_base_exprs,
+    nf4_published_bits_per_param,
+    quantized_tensors,
+)
+from vrammath.terms.lora.targets import LORA_TARGETS, lora_targets
+from vrammath.terms.states import state_values
 
 VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "lora_kv.json"
 
@@ -324,7 +329,7 @@ def test_measured_lora_rows_match() -> None:
 
 
 def test_measured_kv_rows_match() -> None:
-    from vrammath.kv_cache import kv_cache_bytes
+    from vrammath.serve.kv_cache import kv_cache_bytes
 
     for row in _measured()["kv"]:  # type: ignore[attr-defined]
         cfg = dict(row["config_dict"])

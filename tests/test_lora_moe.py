@@ -10,22 +10,24 @@ import pytest
 import sympy
 
 import vrammath as vm
-from vrammath.adapted import adapted_linears, lora_targets
-from vrammath.errors import InputError
-from vrammath.lora import lora_activation_layer_expr, lora_param_count
-from vrammath.params import size_values
-from vrammath.presets import load_model
-from vrammath.quant import (
+from vrammath.compose.setup import Setup, setup_warnings
+from vrammath.model.params import size_values
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import L, b, r, s
+from vrammath.notation.vocab import Quant
+from vrammath.terms.lora.adapters import lora_activation_layer_expr, lora_param_count
+from vrammath.terms.lora.linears import adapted_linears
+from vrammath.terms.lora.quant import (
     NF4_BLOCK,
     NF4_DQ_BLOCK,
     dequant_buffer_expr,
     frozen_base_exprs,
     quantized_tensors,
 )
-from vrammath.setup import Setup, setup_warnings
-from vrammath.states import state_values
-from vrammath.symbols import L, b, r, s
-from vrammath.vocab import Quant
+from vrammath.terms.lora.targets import lora_targets
+from vrammath.terms.moe.params import param_summary
+from vrammath.terms.states import state_values
 
 H, I_E, E, LAYERS, KV = 4096, 14336, 8, 32, 1024  # Mixtral-8x7B
 
@@ -200,7 +202,7 @@ def test_lora_estimate_under_expert_parallelism_splits_the_frozen_experts() -> N
     spec = load_model("mixtral-8x7b")
     est = _estimate("q,k,v,o", ep=8, gpus=8)
     weights = {c.key: c.bytes for c in est.components}["weights"]
-    experts = vm.moe.param_summary(spec)["routed_experts"]
+    experts = param_summary(spec)["routed_experts"]
     assert weights == 2 * (vm.param_count(spec) - experts) + 2 * experts // 8
 
 

@@ -10,12 +10,13 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vrammath.activations import hf_activation_terms
-from vrammath.errors import InputError
-from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
-from vrammath.model import MLP, Attention, Embeddings, Norms, from_hf_config
-from vrammath.presets import load_config_file, load_model, model_names, parse_config_text
-from vrammath.symbols import a, b, h, s
+from vrammath.model.presets import load_config_file, load_model, model_names, parse_config_text
+from vrammath.model.readers import from_hf_config
+from vrammath.model.spec import MLP, Attention, Embeddings, Norms
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import a, b, h, s
+from vrammath.terms.activations.layer import hf_layer_bytes, hf_layer_terms
+from vrammath.terms.activations.model import hf_activation_terms
 
 BASE = {
     "model_type": "llama",
@@ -447,7 +448,7 @@ def test_presets_and_dumped_configs_read_without_warnings() -> None:
 
 
 def test_every_reader_reads_only_its_table() -> None:
-    from vrammath.readers import READERS, Keys
+    from vrammath.model.readers import READERS, Keys
 
     for reader in READERS.values():
         k = Keys({}, reader.keys)

@@ -10,22 +10,22 @@ import pytest
 import sympy
 
 import vrammath as vm
-from vrammath.errors import InputError
-from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, mla_kv_elements
-from vrammath.model import from_hf_config
-from vrammath.moe import (
+from vrammath.compose.setup import Setup
+from vrammath.model.params import layer_param_count, param_counts, rank_param_count, size_values
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import N_d, P, P_e, n_ep
+from vrammath.serve.kv_cache import kv_bytes_per_token, kv_cache_bytes, mla_kv_elements
+from vrammath.serve.weights import serving_weight_bytes
+from vrammath.terms.moe.params import (
     active_param_count,
     ep_state_bytes,
     ep_state_exprs,
     mtp_param_count,
     param_summary,
 )
-from vrammath.params import layer_param_count, param_counts, rank_param_count, size_values
-from vrammath.presets import load_model
-from vrammath.serving_weights import serving_weight_bytes
-from vrammath.setup import Setup
-from vrammath.states import model_state_bytes
-from vrammath.symbols import N_d, P, P_e, n_ep
+from vrammath.terms.states import model_state_bytes
 
 MODELS = Path(__file__).resolve().parent.parent / "conf" / "models"
 
@@ -221,10 +221,10 @@ def test_training_estimate_of_deepseek_under_zero3_is_refused_in_one_line() -> N
 
 
 def test_moe_activations_compose_and_refuse_what_is_not_derived() -> None:
-    from vrammath.activations import hf_activation_bytes
-    from vrammath.layer_terms import hf_layer_terms
-    from vrammath.moe import moe_mlp_kept_exprs
-    from vrammath.symbols import L, L_e
+    from vrammath.notation.symbols import L, L_e
+    from vrammath.terms.activations.layer import hf_layer_terms
+    from vrammath.terms.activations.model import hf_activation_bytes
+    from vrammath.terms.moe.params import moe_mlp_kept_exprs
 
     spec = load_model("mixtral-8x7b")
     dense = hf_layer_terms(spec, "sdpa", "bf16")
@@ -241,7 +241,7 @@ def test_moe_activations_compose_and_refuse_what_is_not_derived() -> None:
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b"])
 def test_moe_attention_dropout_is_refused(name: str) -> None:
     """The MoE layers are measured without attention dropout: refused, not silently ignored."""
-    cfg = {**vm.presets.raw_config(name), "attention_dropout": 0.1}
+    cfg = {**vm.raw_config(name), "attention_dropout": 0.1}
     with pytest.raises(InputError) as info:
         from_hf_config(cfg)
     model_type = cfg["model_type"]

@@ -12,38 +12,15 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrammath.activation_parts import Parallel, Recompute
-from vrammath.errors import InputError
-from vrammath.korthikanti import korthikanti_layer_terms
-from vrammath.latent_korthikanti import mla_attention_terms
-from vrammath.moe import ep_state_bytes, ep_state_exprs, mtp_param_count
-from vrammath.moe_capacity import (
-    check_capacity,
-    dense_mlp_terms,
-    expert_capacity,
-    expert_rows,
-    moe_mlp_terms,
-)
-from vrammath.moe_korthikanti import (
-    BF16_FLASH,
+from vrammath.answers.moe_layouts import (
     DEEPSEEK_V3_LAYOUT,
-    DEEPSEEK_V3_POLICY,
     deepseek_v3_training_memory,
-    layer_counts,
-    layout_activation_bytes,
     layout_memory,
-    moe_layer_exprs,
 )
-from vrammath.moe_layout import (
-    Layout,
-    check_layout,
-    layout_state_bytes,
-    layout_state_exprs,
-    rank_params,
-)
-from vrammath.params import param_count, rank_param_count
-from vrammath.presets import load_model
-from vrammath.symbols import (
+from vrammath.model.params import param_count, rank_param_count
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import (
     E,
     I,
     I_e,
@@ -65,6 +42,31 @@ from vrammath.symbols import (
     s,
     t,
 )
+from vrammath.terms.activations.parts import Parallel, Recompute
+from vrammath.terms.korthikanti.dense import korthikanti_layer_terms
+from vrammath.terms.korthikanti.latent import mla_attention_terms
+from vrammath.terms.korthikanti.layout import (
+    BF16_FLASH,
+    DEEPSEEK_V3_POLICY,
+    layer_counts,
+    layout_activation_bytes,
+    moe_layer_exprs,
+)
+from vrammath.terms.korthikanti.moe import (
+    check_capacity,
+    dense_mlp_terms,
+    expert_capacity,
+    expert_rows,
+    moe_mlp_terms,
+)
+from vrammath.terms.moe.layout import (
+    Layout,
+    check_layout,
+    layout_state_bytes,
+    layout_state_exprs,
+    rank_params,
+)
+from vrammath.terms.moe.params import ep_state_bytes, ep_state_exprs, mtp_param_count
 
 
 def total(terms: dict[str, sympy.Expr]) -> sympy.Expr:
@@ -306,7 +308,7 @@ def test_deepseek_v3_policy_saves_against_16_bit() -> None:
     spec = load_model("deepseek-v3")
     own = moe_layer_exprs(spec, policy=DEEPSEEK_V3_POLICY)["moe"]
     bf16 = moe_layer_exprs(spec, policy=BF16_FLASH)["moe"]
-    from vrammath.params import size_values
+    from vrammath.model.params import size_values
 
     values = {**size_values(spec), k_e: 8, b: 1, s: 4096}
     assert own.subs(values) < bf16.subs(values) / 3
@@ -337,7 +339,7 @@ def test_sharded_states_add_up_over_every_gpu(schedule: str, pp: int, ep: int, t
 
 
 def _deepseek_setup(**changes: object) -> Any:
-    from vrammath.setup import Setup
+    from vrammath.compose.setup import Setup
 
     kw: dict[str, Any] = {
         "recipe": "deepseek-v3-fp8",
@@ -353,7 +355,7 @@ def _deepseek_setup(**changes: object) -> Any:
 
 
 def test_wrapper_is_estimate_of_its_setup() -> None:
-    from vrammath.estimate import estimate
+    from vrammath.compose.estimate import estimate
 
     answer = deepseek_v3_training_memory()
     est = estimate(_deepseek_setup())
@@ -374,7 +376,7 @@ def test_wrapper_is_estimate_of_its_setup() -> None:
 
 
 def test_default_fields_are_the_explicit_identities() -> None:
-    from vrammath.estimate import estimate
+    from vrammath.compose.estimate import estimate
 
     base = estimate(_deepseek_setup())
     explicit = estimate(_deepseek_setup(imbalance=1.0, activation_policy="deepseek-v3"))
@@ -425,7 +427,7 @@ def test_one_f_one_b_and_other_policies_through_estimate() -> None:
     ],
 )
 def test_moe_korthikanti_refusals_name_the_field(changes: dict[str, object], message: str) -> None:
-    from vrammath.estimate import estimate
+    from vrammath.compose.estimate import estimate
 
     with pytest.raises(InputError) as err:
         estimate(_deepseek_setup(**changes))
@@ -435,8 +437,8 @@ def test_moe_korthikanti_refusals_name_the_field(changes: dict[str, object], mes
 
 def test_n_d_is_the_data_parallel_gpus_under_dualpipe() -> None:
     # solvers substitute N_d: it must mean Setup.gpus, the 2 N_d ranks of a stage in the rows
-    from vrammath.estimate import _value, estimate
-    from vrammath.symbols import N_d
+    from vrammath.compose.estimate import _value, estimate
+    from vrammath.notation.symbols import N_d
 
     est = estimate(_deepseek_setup())
     assert est.values[N_d] == 128

@@ -11,15 +11,15 @@ import pytest
 import sympy
 
 from vrammath.cli import main
-from vrammath.estimate import estimate
-from vrammath.model import from_hf_config
-from vrammath.moe import ep_state_bytes, expert_values, param_summary
-from vrammath.moe_peaks import moe_backward_steps, moe_forward_steps
-from vrammath.params import size_values
-from vrammath.presets import load_model
-from vrammath.setup import Setup, with_changes
-from vrammath.symbols import E, I_e, N_d, P, P_e, b, h, k_e, n_ep, s
-from vrammath.terms import TERMS, TERMS_BY_KEY
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup, with_changes
+from vrammath.compose.table import TERMS, TERMS_BY_KEY
+from vrammath.model.params import size_values
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.symbols import E, I_e, N_d, P, P_e, b, h, k_e, n_ep, s
+from vrammath.terms.moe.params import ep_state_bytes, expert_values, param_summary
+from vrammath.terms.moe.peaks import moe_backward_steps, moe_forward_steps
 
 MODELS = Path(__file__).resolve().parent.parent / "conf" / "models"
 STATES = ("weights", "gradients", "master", "optimizer")
@@ -143,7 +143,7 @@ def test_block_running_peaks(
 def test_block_steps_keep_what_the_block_keeps() -> None:
     """A saving forward ends with the kept tensors and the output; the backward's gradients are
     every expert weight's, once."""
-    from vrammath.moe import moe_mlp_kept_exprs
+    from vrammath.terms.moe.params import moe_mlp_kept_exprs
 
     for spec in (_spec("mixtral", **MIXTRAL), _spec("qwen3_moe", **QWEN3)):
         kept = moe_mlp_kept_exprs(spec)
@@ -266,7 +266,7 @@ def test_a_middle_moe_layer_sets_the_recomputed_backward_peak() -> None:
 
 
 def test_fewest_gpus_is_a_multiple_of_ep() -> None:
-    from vrammath.fit import fit
+    from vrammath.answers.fit import fit
 
     setup = Setup(load_model("mixtral-8x7b"), recipe="bf16-pure", zero=3, gpus=64, ep=8)
     answer = fit(with_changes(setup, gpu="H100-80GB"))
@@ -280,7 +280,7 @@ def test_selective_recomputation_takes_the_korthikanti_style_path(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Selective recomputation exists only in Megatron's formulas: the MoE layers come from
-    vrammath.moe_capacity there, not from transformers' grouped experts."""
+    vrammath.terms.korthikanti.moe there, not from transformers' grouped experts."""
     assert main(["estimate", "mixtral-8x7b", "--recompute", "selective", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["setup"]["recompute"] == "selective"

@@ -9,19 +9,18 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.parallel import (
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup
+from vrammath.model.params import param_count
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import K, N_d, P
+from vrammath.terms.parallel import (
     convention_bytes,
-    shard_model_states,
     zero_communication_elements,
     zero_paper_bytes,
     zero_stage,
 )
-from vrammath.params import param_count
-from vrammath.presets import load_model
-from vrammath.setup import Setup
-from vrammath.symbols import K, N_d, P
 
 # ZeRO (arXiv:1910.02054) Table 1, 7.5B model, GB = 1e9 bytes: P_os, P_os+g, P_os+g+p as printed.
 TABLE1_7B5 = {
@@ -70,15 +69,6 @@ def test_fsdp_names() -> None:
 def test_communication() -> None:
     assert zero_communication_elements(2) == 2 * P
     assert zero_communication_elements(3) / zero_communication_elements(1) == sympy.Rational(3, 2)
-
-
-def test_offload_moves_states_to_cpu() -> None:
-    states = {"weights": 2 * P, "gradients": 2 * P, "master": 4 * P, "optimizer": 8 * P}
-    gpu, cpu = shard_model_states(states, 3, offload_optimizer=True, offload_params=True)
-    assert all(v == 0 for v in gpu.values())
-    assert sympy.simplify(sum(cpu.values()) - 18 * P / N_d) == 0  # 2 + 4 + 8 + fp32 grads 4
-    with pytest.raises(InputError, match="^offload_params"):
-        shard_model_states(states, 2, offload_params=True)
 
 
 def test_conventions() -> None:

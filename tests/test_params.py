@@ -7,16 +7,16 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vrammath.model import from_hf_config
-from vrammath.params import (
+from vrammath.model.params import (
     layer_param_count,
     param_count,
     param_counts,
     param_total_expr,
     size_values,
 )
-from vrammath.presets import load_model
-from vrammath.symbols import I, L, V, a, a_kv, d, h
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.symbols import I, L, V, a, a_kv, d, h
 
 # Totals published by the model authors / Hugging Face model cards.
 KNOWN = {
@@ -136,7 +136,7 @@ def test_count_is_sum_of_tensor_numels(
 def test_tensors_follow_the_parts() -> None:
     from dataclasses import replace
 
-    from vrammath.params import tensors
+    from vrammath.model.params import tensors
 
     gpt = load_model("gpt2")
     assert [t.name for t in tensors(gpt)] == [

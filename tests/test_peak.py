@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.model import ModelSpec
-from vrammath.peak import Groups, hf_phase_peaks, korthikanti_phase_peaks
-from vrammath.presets import load_model
-from vrammath.setup import Setup, with_changes
-from vrammath.states import model_state_bytes, optimizer_step_temp_bytes
-from vrammath.symbols import P, b, h, s
-from vrammath.terms import TERMS
+from vrammath.compose.estimate import estimate
+from vrammath.compose.peak import Groups, hf_phase_peaks, korthikanti_phase_peaks
+from vrammath.compose.setup import Setup, with_changes
+from vrammath.compose.table import TERMS
+from vrammath.model.presets import load_model
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import P, b, h, s
+from vrammath.terms.states import model_state_bytes, optimizer_step_temp_bytes
 
 
 def pure(spec: ModelSpec, implementation: str = "foreach", **kw: object) -> Setup:

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from vrammath.budget import (
+from vrammath.answers.budget import (
     budget,
 )
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.plan import candidates, cheapest_fit, plan_cost
-from vrammath.presets import load_model
-from vrammath.setup import Setup
+from vrammath.answers.plan import candidates, cheapest_fit, plan_cost
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
 
 TEXT: Any = "A100-80GB"  # text where an object belongs: the API must refuse it
 

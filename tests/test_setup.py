@@ -8,17 +8,18 @@ from typing import Any, cast
 
 import pytest
 
-from vrammath import vocab
+from vrammath.answers.report import estimate_dict
 from vrammath.cli import build_parser
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.fields import MAX_COUNT, MAX_TOKENS, options
-from vrammath.inference import Serve, serve_warnings
-from vrammath.presets import load_model
-from vrammath.quant import QUANTS
-from vrammath.setup import Setup, setup_warnings
-from vrammath.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES
-from vrammath.vocab import KV_DTYPES, SERVE_WEIGHTS
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup, setup_warnings
+from vrammath.model.presets import load_model
+from vrammath.notation import vocab
+from vrammath.notation.errors import InputError
+from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, options
+from vrammath.notation.vocab import KV_DTYPES, SERVE_WEIGHTS
+from vrammath.serve.estimate import Serve, serve_warnings
+from vrammath.terms.lora.quant import QUANTS
+from vrammath.terms.states import IMPLEMENTATIONS, OPTIMIZERS, RECIPES
 
 LLAMA = load_model("llama-7b")
 
@@ -45,7 +46,7 @@ def test_every_field_is_declared_once_and_drives_cli_and_json() -> None:
         for opt in options(cls):
             if opt.flag is not None:
                 assert opt.flag in flags, (command, opt.flag)
-    data: Any = estimate(Setup(LLAMA)).as_dict()
+    data: Any = estimate_dict(estimate(Setup(LLAMA)))
     assert list(data["setup"]) == declared
 
 
@@ -122,8 +123,8 @@ def test_warnings() -> None:
 
 
 def test_api_mistakes_are_input_errors() -> None:
-    from vrammath.kv_cache import kv_cache_bytes
-    from vrammath.presets import gpu
+    from vrammath.model.presets import gpu
+    from vrammath.serve.kv_cache import kv_cache_bytes
 
     with pytest.raises(InputError, match="^gpu: must be one of"):
         gpu(cast(Any, None))

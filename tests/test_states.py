@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from vrammath.errors import InputError
-from vrammath.params import param_count, size_values, tensors
-from vrammath.presets import load_model
-from vrammath.states import (
+from vrammath.model.params import param_count, size_values, tensors
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
+from vrammath.terms.states import (
     RECIPES,
     bytes_per_param,
     model_state_bytes,

@@ -11,16 +11,16 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrammath.budget import (
+from vrammath.answers.budget import (
     exact_bytes,
 )
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.fit import largest_micro_batch
-from vrammath.presets import load_model
-from vrammath.setup import Setup, with_changes
-from vrammath.sweep import compiled_cache_info, ranking, sensitivities, sweep
-from vrammath.symbols import N_d, b, s
+from vrammath.answers.fit import largest_micro_batch
+from vrammath.answers.sweep import compiled_cache_info, ranking, sensitivities, sweep
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup, with_changes
+from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import N_d, b, s
 
 MODELS = ("gpt2", "llama-7b", "qwen2-7b", "llama-2-70b", "qwen2-72b")
 

@@ -39,10 +39,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from vrammath.browser import argv_for, run
-from vrammath.presets import load_gpus, load_model, model_names
-from vrammath.setup import SHARDS
-from vrammath.units import fmt_gb
-from vrammath.vocab import (
+from vrammath.compose.setup import SHARDS
+from vrammath.model.presets import load_gpus, load_model, model_names
+from vrammath.notation.units import fmt_gb
+from vrammath.notation.vocab import (
     ATTENTIONS,
     IMPLEMENTATIONS,
     ITERATIONS,
@@ -61,7 +61,16 @@ LIVE_BUDGET_S = 6.0  # navigation to live, cold (issue 29)
 NUMBER_BUDGET_MS = 50.0
 OPTION_BUDGET_MS = 500.0
 CELL_PAGES = ("interview/q-72b-8xa100.html", "handbook/quickstart.html")
-DOCTEST_PAGES = ("browser", "units", "presets", "params", "estimate", "inference", "budget", "fit")
+DOCTEST_PAGES = (
+    "browser",
+    "notation.units",
+    "model.presets",
+    "model.params",
+    "compose.estimate",
+    "serve.estimate",
+    "answers.budget",
+    "answers.fit",
+)
 TARGET_CHOICES = ("q,v", "q,k,v,o", "all-linear")
 
 JS_RUN = """

@@ -55,14 +55,14 @@ from typing import Any
 import sympy
 
 import vrammath
-from vrammath.estimate import estimate
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup
 from vrammath.measure.build import RECIPE_OF
-from vrammath.model import ModelSpec
-from vrammath.parallel import convention_bytes
-from vrammath.params import param_count
-from vrammath.presets import load_model, raw_config
-from vrammath.setup import Setup
-from vrammath.symbols import N_d, P
+from vrammath.model.params import param_count
+from vrammath.model.presets import load_model, raw_config
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.symbols import N_d, P
+from vrammath.terms.parallel import convention_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_KEYS = ("weights", "gradients", "master", "optimizer", "gathered")

@@ -53,7 +53,7 @@ def _training(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         est = vm.estimate(vm.Setup(vm.load_model(model), **kwargs))
     except vm.InputError:
         return {"refused": True}
-    d = est.as_dict()
+    d = vm.estimate_dict(est)
     return {
         "components": {c["key"]: c["bytes"] for c in d["components"]},  # type: ignore[union-attr]
         "phases": d["phases"],
@@ -63,7 +63,7 @@ def _training(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _serving(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     try:
-        d = vm.serve(vm.Serve(vm.load_model(model), **kwargs)).as_dict()
+        d = vm.serve_dict(vm.serve(vm.Serve(vm.load_model(model), **kwargs)))
     except vm.InputError:
         return {"refused": True}
     d.pop("setup")

@@ -6,7 +6,7 @@
 # Run from the repository root:  bash tools/gpu_measure.sh   (about 6-7 minutes on an H100/H200)
 # Writes validation/matrix-cuda.json: per GPU row, the real max_memory_allocated /
 # max_memory_reserved and the context left outside the allocator, the predicted ones
-# (vrammath.allocator.predict over the row's CPU event log), the matrix's per-component
+# (vrammath.terms.allocator.predict over the row's CPU event log), the matrix's per-component
 # comparison, and the relative errors. Rows are started cheapest first while under 300 s have
 # passed; the file is rewritten after every row, so a cut run still leaves the finished rows.
 # With OUT set, also copies it and the environment / log files to $OUT.

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import vrammath
-from vrammath.presets import conf_dir, load_model, model_names
+from vrammath.model.presets import conf_dir, load_model, model_names
 
 assert "site-packages" in str(Path(vrammath.__file__)), vrammath.__file__
 assert conf_dir().parent == Path(vrammath.__file__).parent, conf_dir()

@@ -1,12 +1,12 @@
 """vrammath: the GPU memory of training, fine-tuning and serving large language models, derived.
 
-Every memory term is a sympy expression in named symbols (:mod:`vrammath.symbols`), written once in
+Every memory term is a sympy expression in named symbols (:mod:`vrammath.notation.symbols`), written once in
 the module that owns it, evaluated for real models read from Hugging Face ``config.json`` files
-(:mod:`vrammath.presets`), and checked against memory PyTorch itself counts (``vrammath.measure``,
+(:mod:`vrammath.model.presets`), and checked against memory PyTorch itself counts (``vrammath.measure``,
 an optional extra).
 
 Scope: decoder-only transformers read from their config.json by one reader per ``model_type``
-(:data:`vrammath.readers.READERS`: LLaMA, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo-2, StarCoder2,
+(:data:`vrammath.model.readers.READERS`: LLaMA, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo-2, StarCoder2,
 GPT-2, GPT-NeoX, and the mixture-of-experts Mixtral, Qwen2/3-MoE and DeepSeek-V3 with its
 latent attention (trained in bf16 with SDPA and expert parallelism, or in Korthikanti-style
 layouts with a capacity factor); mixed-precision recipes; Adam/AdamW, SGD, 8-bit Adam,
@@ -19,61 +19,23 @@ LoRA/QLoRA; serving with the KV cache. Units: bytes inside; GB (1e9) and GiB (2*
 2*P/N_d
 """
 
-from vrammath import symbols
-
-# Formula access for the handbook's pages, which import only from this package.
-from vrammath.activations import (
-    activation_exprs,
-    hf_activation_bytes,
-    hf_activation_terms,
-    hf_logits_loss_terms,
-)
-from vrammath.budget import DEFAULT_RESERVE_BYTES, Budget, budget, exact_bytes
-from vrammath.claims import lora_gpt3_claims, qlora_65b_claims
-from vrammath.errors import InputError
-from vrammath.estimate import Component, Estimate, estimate
-from vrammath.fit import Fit, fewest_gpus, fit, largest_micro_batch, longest_sequence
-from vrammath.formulas import FORMULAS, formula_exprs
-from vrammath.inference import Serve, serve
-from vrammath.inverse import Solution, largest, smallest
-from vrammath.korthikanti import (
-    korthikanti_first_stage_bytes,
-    korthikanti_interleave_factor,
-    korthikanti_layer_bytes,
-    korthikanti_layer_terms,
-)
-from vrammath.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
-from vrammath.latent_korthikanti import mla_attention_terms
-from vrammath.layer_terms import hf_layer_bytes, hf_layer_terms
-from vrammath.lora import lora_param_count, lora_param_expr, lora_state_exprs, lora_values
-from vrammath.model import ModelSpec, from_hf_config
-from vrammath.moe_capacity import expert_capacity, expert_rows, moe_mlp_terms
-from vrammath.moe_korthikanti import (
-    BF16_FLASH,
+from vrammath.answers.budget import DEFAULT_RESERVE_BYTES, Budget, budget, exact_bytes
+from vrammath.answers.claims import lora_gpt3_claims, qlora_65b_claims
+from vrammath.answers.fit import Fit, fewest_gpus, fit, largest_micro_batch, longest_sequence
+from vrammath.answers.formulas import FORMULAS, formula_exprs
+from vrammath.answers.inverse import Solution, largest, smallest
+from vrammath.answers.moe_layouts import (
     DEEPSEEK_V3_LAYOUT,
-    DEEPSEEK_V3_POLICY,
-    ActivationPolicy,
     LayoutMemory,
     deepseek_v3_training_memory,
     layout_memory,
-    moe_layer_exprs,
 )
-from vrammath.moe_layout import (
-    DEEPSEEK_V3_RECIPE,
-    Layout,
-    RankParams,
-    layout_state_bytes,
-    layout_state_exprs,
-)
-from vrammath.parallel import (
-    FSDP_STRATEGIES,
-    convention_bytes,
-    shard_model_states,
-    zero_communication_elements,
-    zero_paper_bytes,
-    zero_stage,
-)
-from vrammath.params import (
+from vrammath.answers.plan import Plan, cheapest_fit, recompute_cost
+from vrammath.answers.report import estimate_dict, estimate_table, serve_dict, serve_table
+from vrammath.answers.sweep import sensitivities, sweep
+from vrammath.compose.estimate import Component, Estimate, estimate
+from vrammath.compose.setup import Setup
+from vrammath.model.params import (
     COMPONENTS,
     largest_tensor_numel,
     param_count,
@@ -83,8 +45,7 @@ from vrammath.params import (
     size_values,
     tensors,
 )
-from vrammath.plan import Plan, cheapest_fit, recompute_cost
-from vrammath.presets import (
+from vrammath.model.presets import (
     gpu,
     load_config_file,
     load_gpus,
@@ -92,10 +53,72 @@ from vrammath.presets import (
     model_names,
     raw_config,
 )
-from vrammath.quant import NF4_BLOCK, NF4_DQ_BLOCK, frozen_base_exprs, nf4_published_bits_per_param
-from vrammath.serving_weights import serving_weight_bytes
-from vrammath.setup import Setup
-from vrammath.states import (
+from vrammath.model.readers import from_hf_config
+from vrammath.model.spec import ModelSpec
+from vrammath.notation import symbols
+from vrammath.notation.errors import InputError
+from vrammath.notation.units import (
+    GB,
+    GiB,
+    MiB,
+    dtype_bytes,
+    fmt_bytes,
+    fmt_gb,
+    fmt_gib,
+)
+from vrammath.serve.estimate import Serve, serve
+from vrammath.serve.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
+from vrammath.serve.weights import serving_weight_bytes
+from vrammath.terms.activations.layer import hf_layer_bytes, hf_layer_terms
+
+# Formula access for the handbook's pages, which import only from this package.
+from vrammath.terms.activations.model import (
+    activation_exprs,
+    hf_activation_bytes,
+    hf_activation_terms,
+    hf_logits_loss_terms,
+)
+from vrammath.terms.korthikanti.dense import (
+    korthikanti_first_stage_bytes,
+    korthikanti_interleave_factor,
+    korthikanti_layer_bytes,
+    korthikanti_layer_terms,
+)
+from vrammath.terms.korthikanti.latent import mla_attention_terms
+from vrammath.terms.korthikanti.layout import (
+    BF16_FLASH,
+    DEEPSEEK_V3_POLICY,
+    ActivationPolicy,
+    moe_layer_exprs,
+)
+from vrammath.terms.korthikanti.moe import expert_capacity, expert_rows, moe_mlp_terms
+from vrammath.terms.lora.adapters import (
+    lora_param_count,
+    lora_param_expr,
+    lora_state_exprs,
+    lora_values,
+)
+from vrammath.terms.lora.quant import (
+    NF4_BLOCK,
+    NF4_DQ_BLOCK,
+    frozen_base_exprs,
+    nf4_published_bits_per_param,
+)
+from vrammath.terms.moe.layout import (
+    DEEPSEEK_V3_RECIPE,
+    Layout,
+    RankParams,
+    layout_state_bytes,
+    layout_state_exprs,
+)
+from vrammath.terms.parallel import (
+    FSDP_STRATEGIES,
+    convention_bytes,
+    zero_communication_elements,
+    zero_paper_bytes,
+    zero_stage,
+)
+from vrammath.terms.states import (
     BNB_BLOCK,
     BNB_MIN_8BIT_SIZE,
     RECIPES,
@@ -104,16 +127,6 @@ from vrammath.states import (
     model_state_exprs,
     optimizer_step_temp_bytes,
     state_values,
-)
-from vrammath.sweep import sensitivities, sweep
-from vrammath.units import (
-    GB,
-    GiB,
-    MiB,
-    dtype_bytes,
-    fmt_bytes,
-    fmt_gb,
-    fmt_gib,
 )
 
 __version__ = "0.1.0"
@@ -157,6 +170,8 @@ __all__ = [
     "deepseek_v3_training_memory",
     "dtype_bytes",
     "estimate",
+    "estimate_dict",
+    "estimate_table",
     "exact_bytes",
     "expert_capacity",
     "expert_rows",
@@ -213,8 +228,9 @@ __all__ = [
     "recompute_cost",
     "sensitivities",
     "serve",
+    "serve_dict",
+    "serve_table",
     "serving_weight_bytes",
-    "shard_model_states",
     "size_values",
     "smallest",
     "state_values",

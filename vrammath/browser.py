@@ -4,7 +4,7 @@ The calculator page holds no memory logic. It turns its form (or a setup dict, f
 into the command line with :func:`argv_for`, runs ``vrammath.cli.main`` on it with
 :func:`run`, and shows what the CLI printed: every byte on the page is the byte
 ``vrammath ... --json`` prints, refusals and warnings included, by construction. The page's form
-is built from :func:`page_data`, the fields the CLI itself declares (:mod:`vrammath.fields`).
+is built from :func:`page_data`, the fields the CLI itself declares (:mod:`vrammath.notation.fields`).
 
 >>> argv_for("estimate", {"model": "llama-7b", "zero": 3, "gpus": 8, "micro_batch": 1})
 ['estimate', 'llama-7b', '--zero', '3', '--gpus', '8']
@@ -29,12 +29,12 @@ from typing import Any
 import sympy
 
 from vrammath.cli import build_parser, main, training_setup
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
-from vrammath.fields import Option, options
-from vrammath.inference import Serve
-from vrammath.presets import load_gpus, model_names
-from vrammath.setup import Setup
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup
+from vrammath.model.presets import load_gpus, model_names
+from vrammath.notation.errors import InputError
+from vrammath.notation.fields import Option, options
+from vrammath.serve.estimate import Serve
 
 COMMANDS = ("estimate", "fit", "serve")
 #: what ``fit`` reads beside a training setup (its flags and defaults are the parser's)

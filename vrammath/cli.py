@@ -6,7 +6,7 @@ allowed, and exits with status 2; a failure to write the output (a full disk, a 
 than an early reader) prints one line and exits with status 1.
 
 The training and serving options are generated from the field metadata of
-:class:`~vrammath.setup.Setup` and :class:`~vrammath.inference.Serve`, so each is declared once.
+:class:`~vrammath.compose.setup.Setup` and :class:`~vrammath.serve.estimate.Serve`, so each is declared once.
 """
 
 from __future__ import annotations
@@ -19,29 +19,34 @@ import importlib.util
 import json
 import math
 import os
-import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import sympy
 
-from vrammath.adapted import default_targets_refusal, lora_targets
-from vrammath.budget import DEFAULT_RESERVE_BYTES, budget
-from vrammath.errors import InputError, one_of
-from vrammath.estimate import estimate
-from vrammath.fields import Option, options
-from vrammath.fit import fit
-from vrammath.formulas import FORMULA_OPTIONS, FORMULAS, formula_exprs, with_sizes
-from vrammath.inference import Serve, ServeEstimate, serve, serve_warnings
-from vrammath.lora import lora_param_count
-from vrammath.parallel import zero_stage
-from vrammath.params import param_count
-from vrammath.presets import load_gpus, load_model, model_names, resolve_model
-from vrammath.setup import Setup, setup_warnings
-from vrammath.units import fmt_bytes, fmt_gb, fmt_gib
-from vrammath.vocab import (
+from vrammath.answers.budget import DEFAULT_RESERVE_BYTES, budget
+from vrammath.answers.fit import fit
+from vrammath.answers.formulas import FORMULA_OPTIONS, FORMULAS, formula_exprs, with_sizes
+from vrammath.answers.report import estimate_dict, estimate_table, serve_dict, serve_table
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup, setup_warnings
+from vrammath.flags import Parser, add_options, choice, integer, number, printable, targets, zero
+from vrammath.model.params import param_count
+from vrammath.model.presets import (
+    _read_limited,
+    load_gpus,
+    load_model,
+    model_names,
+    parse_config_text,
+    raw_config,
+    resolve_model,
+)
+from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.fields import Option, options
+from vrammath.notation.units import fmt_bytes, fmt_gb, fmt_gib
+from vrammath.notation.vocab import (
     ATTENTIONS,
     HF_RECOMPUTES,
     IMPLEMENTATIONS,
@@ -49,137 +54,14 @@ from vrammath.vocab import (
     QUANTS,
     RECIPE_NAMES,
 )
+from vrammath.serve.estimate import Serve, ServeEstimate, serve, serve_warnings
+from vrammath.terms.lora.adapters import lora_param_count
+from vrammath.terms.lora.linears import default_targets_refusal
 
 #: the model whose structure shapes a formula when ``--model`` is not given (sizes stay symbols)
 FORMULA_MODEL = "llama-7b"
 
 Result = tuple[str, dict[str, Any]]
-
-
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"vrammath: error: {_printable(message)}\n")
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= 40 else text[:37] + "...")
-
-
-def _label(opt: Option) -> str:
-    return (opt.flag or opt.name).removeprefix("--")
-
-
-_ASCII_INT = re.compile(r"[+-]?[0-9]+")
-_ASCII_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-
-
-def _plain_float(text: str) -> float:
-    """``text`` in plain ASCII decimal notation as a float, else NaN (which every bound
-    refuses): float() also takes "١.٥", "1_0", "inf" and "nan"."""
-    plain = len(text) <= 40 and _ASCII_NUMBER.fullmatch(text.strip()) is not None
-    return float(text) if plain else float("nan")
-
-
-def _integer(opt: Option) -> Callable[[str], int]:
-    label = _label(opt)
-    allowed = f"must be an integer from {opt.low} to {opt.high}"
-
-    def parse(text: str) -> int:
-        digits = text.strip()
-        # a length check first: int() of a 5,000-digit string raises, and nothing needs one
-        # ASCII digits only: str.isdigit() also takes "٤", "１" and "²" (int() then fails on "²")
-        if not 0 < len(digits) <= 24 or not _ASCII_INT.fullmatch(digits):
-            raise argparse.ArgumentTypeError(f"{label}: {allowed} (got {_shown(text)})")
-        value = int(digits)
-        if (opt.low is not None and value < opt.low) or (opt.high is not None and value > opt.high):
-            raise argparse.ArgumentTypeError(f"{label}: {allowed} (got {_shown(text)})")
-        return value
-
-    return parse
-
-
-def _choices(field: str, allowed: Sequence[str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(
-                f"{field}: must be one of {', '.join(allowed)} (got {_shown(text)})"
-            )
-        return text
-
-    return parse
-
-
-def _zero(text: str) -> int:
-    try:
-        return zero_stage(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _targets(text: str) -> tuple[str, ...]:
-    try:
-        return lora_targets(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _number(field: str, low: float, high: float, *, open_low: bool, open_high: bool) -> Any:
-    lo, hi = ("(" if open_low else "["), (")" if open_high else "]")
-    allowed = f"must be a number in {lo}{low:g}, {high:g}{hi}"
-
-    def parse(text: str) -> float:
-        value = _plain_float(text)
-        above = value > low if open_low else value >= low
-        below = value < high if open_high else value <= high
-        if not (above and below):  # NaN fails both
-            raise argparse.ArgumentTypeError(f"{field}: {allowed} (got {_shown(text)})")
-        return value
-
-    return parse
-
-
-def _ratio(field: str) -> Any:
-    """A finite number; its bounds are the field's own check (an InputError, exit 2)."""
-
-    def parse(text: str) -> float:
-        value = _plain_float(text)
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{field}: must be a number (got {_shown(text)})")
-        return value
-
-    return parse
-
-
-def _add_options(cmd: argparse.ArgumentParser, cls: Any) -> None:
-    """One argparse option per declared field of ``cls`` that has a CLI flag."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    for opt in options(cls):
-        if opt.flag is None:
-            continue
-        names = [opt.flag] + ([opt.short] if opt.short else [])
-        kw: dict[str, Any] = {"dest": opt.name, "default": defaults[opt.name], "help": opt.help}
-        if opt.kind == "switch":
-            cmd.add_argument(*names, action="store_true", **kw)
-            continue
-        kw["metavar"] = _label(opt).upper().replace("-", "_")
-        if opt.kind == "zero":
-            kw["type"] = _zero
-        elif opt.kind == "targets":
-            kw["type"] = _targets
-            kw["default"] = None  # given or not: only with --lora-rank
-        elif opt.kind == "ratio":
-            kw["type"] = _ratio(_label(opt))
-        elif opt.kind == "fraction":
-            kw["type"] = _number(_label(opt), 0, 1, open_low=True, open_high=False)
-        elif opt.choices:
-            kw["type"] = _choices(_label(opt), opt.choices)
-        elif opt.low is not None:
-            kw["type"] = _integer(opt)
-        cmd.add_argument(*names, **kw)
 
 
 MODEL_HELP = (
@@ -192,9 +74,9 @@ def _add_json(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--json", action="store_true", help="machine-readable output (same content)")
 
 
-def _add_formula_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_formula_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     form = sub.add_parser("formula", help="print a symbolic expression of any memory term")
-    form.add_argument("term", type=_choices("term", FORMULAS), help=", ".join(FORMULAS))
+    form.add_argument("term", type=choice("term", FORMULAS), help=", ".join(FORMULAS))
     form.add_argument(
         "--model",
         default=None,
@@ -203,30 +85,30 @@ def _add_formula_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     # defaults None: a flag the term does not read is refused (FORMULA_OPTIONS), so the CLI
     # must know which were typed; the library's defaults fill the rest
-    form.add_argument("--stage", type=_zero, help="ZeRO stage (zero, communication, phases)")
-    form.add_argument("--recipe", type=_choices("recipe", RECIPE_NAMES))
-    form.add_argument("--optimizer", type=_choices("optimizer", OPTIMIZERS))
-    form.add_argument("--impl", type=_choices("impl", IMPLEMENTATIONS), dest="implementation")
-    form.add_argument("--attention", type=_choices("attention", ATTENTIONS))
-    form.add_argument("--lora-targets", type=_targets, dest="lora_targets")
-    form.add_argument("--quant", type=_choices("quant", QUANTS))
+    form.add_argument("--stage", type=zero, help="ZeRO stage (zero, communication, phases)")
+    form.add_argument("--recipe", type=choice("recipe", RECIPE_NAMES))
+    form.add_argument("--optimizer", type=choice("optimizer", OPTIMIZERS))
+    form.add_argument("--impl", type=choice("impl", IMPLEMENTATIONS), dest="implementation")
+    form.add_argument("--attention", type=choice("attention", ATTENTIONS))
+    form.add_argument("--lora-targets", type=targets, dest="lora_targets")
+    form.add_argument("--quant", type=choice("quant", QUANTS))
     form.add_argument("--latex", action="store_true", help="LaTeX instead of plain text")
     _add_json(form)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for the docs and tests)."""
-    parser = _Parser(prog="vrammath", description="GPU memory of LLM training, derived.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="vrammath", description="GPU memory of LLM training, derived.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     est = sub.add_parser("estimate", help="breakdown of per-GPU memory for a training setup")
     est.add_argument("model", help=MODEL_HELP)
-    _add_options(est, Setup)
+    add_options(est, Setup)
     _add_json(est)
 
     srv = sub.add_parser("serve", help="weights + KV cache per GPU for serving, and what fits")
     srv.add_argument("model", help=MODEL_HELP)
-    _add_options(srv, Serve)
+    add_options(srv, Serve)
     srv.add_argument("--no-paging", action="store_true", help="unpaged cache (exact tokens)")
     srv.set_defaults(block=_NOT_GIVEN)  # --no-paging refuses a typed --block
     _add_json(srv)
@@ -235,17 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
         "fit", help="largest batch, longest sequence, fewest GPUs and cheapest ZeRO stage"
     )
     fit_cmd.add_argument("model", help=MODEL_HELP)
-    _add_options(fit_cmd, Setup)
+    add_options(fit_cmd, Setup)
     fit_cmd.add_argument(
         "--headroom",
-        type=_number("headroom", 0, 1, open_low=False, open_high=True),
+        type=number("headroom", 0, 1, open_low=False, open_high=True),
         default=0.0,
         help="fraction of the GPU kept free (default 0)",
     )
     fit_cmd.add_argument(
         "--reserve-gib",
         dest="reserve_gib",
-        type=_number("reserve-gib", 0, 2**20, open_low=False, open_high=True),
+        type=number("reserve-gib", 0, 2**20, open_low=False, open_high=True),
         default=DEFAULT_RESERVE_BYTES / 2**30,
         help="GiB reserved for the CUDA context, workspaces and NCCL (default 1)",
     )
@@ -261,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 # --- derive (the measure extra): the exact polynomial of any config transformers can build ------
 
 
-def _add_derive_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_derive_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     der = sub.add_parser(
         "derive",
         help="exact memory polynomial in b and s of any transformers config, from fake training "
@@ -270,19 +152,19 @@ def _add_derive_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     der.add_argument("config", help="path to a config.json, or a preset name")
     batch = Option("batch", "--batch", "micro-batch size b (default 1)", low=1, high=2**20)
     seq = Option("seq", "--seq", "sequence length s (default 512)", low=1, high=2**24)
-    der.add_argument("--batch", type=_integer(batch), default=1, help=batch.help)
-    der.add_argument("--seq", type=_integer(seq), default=512, help=seq.help)
-    der.add_argument("--precision", type=_choices("precision", ("bf16", "fp32")), default="bf16")
-    der.add_argument("--attention", type=_choices("attention", ATTENTIONS), default="sdpa")
-    der.add_argument("--recompute", type=_choices("recompute", HF_RECOMPUTES), default="none")
+    der.add_argument("--batch", type=integer(batch), default=1, help=batch.help)
+    der.add_argument("--seq", type=integer(seq), default=512, help=seq.help)
+    der.add_argument("--precision", type=choice("precision", ("bf16", "fp32")), default="bf16")
+    der.add_argument("--attention", type=choice("attention", ATTENTIONS), default="sdpa")
+    der.add_argument("--recompute", type=choice("recompute", HF_RECOMPUTES), default="none")
     _add_json(der)
 
 
 def _cmd_derive(args: argparse.Namespace) -> Result:
     if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):
         raise InputError("derive", "needs torch and transformers: pip install 'vrammath[measure]'")
+    # the measure extra (torch, transformers) loads only when derive runs
     from vrammath.measure.derive import derive, report_lines
-    from vrammath.presets import _read_limited, model_names, parse_config_text, raw_config
 
     if args.config in model_names():
         cfg = raw_config(args.config)
@@ -316,7 +198,7 @@ def training_setup(args: argparse.Namespace) -> Setup:
 def _cmd_estimate(args: argparse.Namespace) -> Result:
     setup = training_setup(args)
     est = estimate(setup)
-    data: dict[str, Any] = est.as_dict()
+    data: dict[str, Any] = estimate_dict(est)
     data["warnings"] = list(setup_warnings(setup))
     head = (
         f"{setup.model.name}: {param_count(setup.model):,} parameters; {setup.recipe}, "
@@ -341,11 +223,11 @@ def _cmd_estimate(args: argparse.Namespace) -> Result:
             f"\nLoRA rank {setup.lora_rank} on {','.join(setup.lora_targets)}: {n:,} trainable "
             f"parameters; frozen base {setup.quant or 'in the recipe dtype'}"
         )
-    return head + "\n" + est.table(), data
+    return head + "\n" + estimate_table(est), data
 
 
 def _serve_data(est: ServeEstimate) -> dict[str, Any]:
-    data: dict[str, Any] = est.as_dict()
+    data: dict[str, Any] = serve_dict(est)
     data["total_with_reserve_bytes"] = est.total_with_reserve_bytes
     data["warnings"] = list(serve_warnings(est.setup))
     return data
@@ -363,7 +245,7 @@ def _cmd_serve(args: argparse.Namespace) -> Result:
         f"{setup.model.name}: serving {setup.batch} x {setup.context} tokens, weights "
         f"{setup.weights}, KV cache {setup.kv_dtype}, tensor parallel {setup.tp}"
     )
-    return head + "\n" + est.table(), _serve_data(est)
+    return head + "\n" + serve_table(est), _serve_data(est)
 
 
 def _cmd_fit(args: argparse.Namespace) -> Result:
@@ -483,7 +365,7 @@ def _run(args: argparse.Namespace) -> Result:
 
 def _say(line: str) -> None:
     with contextlib.suppress(OSError):  # stderr itself is gone: nothing left to tell
-        print(_printable(line), file=sys.stderr, flush=True)
+        print(printable(line), file=sys.stderr, flush=True)
 
 
 @functools.cache

@@ -204,7 +204,7 @@
   }
   const apiPage = () => {
     const page = typeof DOCUMENTATION_OPTIONS !== "undefined" ? DOCUMENTATION_OPTIONS.pagename : "";
-    const m = /^reference\/api\/(\w+)$/.exec(page);
+    const m = /^reference\/api\/([\w.]+)$/.exec(page);
     return m ? "vrammath." + m[1] : null;
   };
   const DOCTEST_SCOPE = location.pathname + "#doctest";

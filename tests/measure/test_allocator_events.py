@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.allocator import Event, replay  # noqa: E402
 from vrammath.measure import matrix, measure_training_step  # noqa: E402
 from vrammath.measure.allocator_events import (  # noqa: E402
     DOC_ROWS,
@@ -18,7 +17,8 @@ from vrammath.measure.allocator_events import (  # noqa: E402
     record_training_step,
 )
 from vrammath.measure.build import as_spec  # noqa: E402
-from vrammath.params import param_count  # noqa: E402
+from vrammath.model.params import param_count  # noqa: E402
+from vrammath.terms.allocator import Event, replay  # noqa: E402
 
 pytestmark = [
     pytest.mark.measure,

@@ -14,16 +14,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.activation_parts import Attention, HfRecompute, Precision  # noqa: E402
-from vrammath.activations import hf_activation_bytes  # noqa: E402
-from vrammath.lora import lora_param_count  # noqa: E402
 from vrammath.measure import measure_training_step  # noqa: E402
 from vrammath.measure.archs import ARCH_CONFIGS  # noqa: E402
 from vrammath.measure.build import build_model  # noqa: E402
-from vrammath.model import from_hf_config  # noqa: E402
-from vrammath.params import param_count, size_values  # noqa: E402
-from vrammath.presets import load_model  # noqa: E402
-from vrammath.symbols import b, s  # noqa: E402
+from vrammath.model.params import param_count, size_values  # noqa: E402
+from vrammath.model.presets import load_model  # noqa: E402
+from vrammath.model.readers import from_hf_config  # noqa: E402
+from vrammath.notation.symbols import b, s  # noqa: E402
+from vrammath.terms.activations.model import hf_activation_bytes  # noqa: E402
+from vrammath.terms.activations.parts import Attention, HfRecompute, Precision  # noqa: E402
+from vrammath.terms.lora.adapters import lora_param_count  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
@@ -172,9 +172,9 @@ def test_lora_targets_match_peft(name: str, targets: str) -> None:
 @pytest.mark.parametrize("name", ["phi3-gqa", "qwen3-mqa-tied", "olmo2-gqa", "starcoder2-gqa"])
 def test_kv_cache_matches_dynamic_cache(name: str) -> None:
     """transformers' DynamicCache after a 37-token prefill: 2 L a_kv d tokens bytes."""
-    from vrammath.kv_cache import kv_bytes_per_token
     from vrammath.measure.build import hf_config
     from vrammath.measure.build_decoders import decoder_class
+    from vrammath.serve.kv_cache import kv_bytes_per_token
 
     spec = from_hf_config(SMALL[name])
     cfg = hf_config(spec, attention="sdpa")

@@ -1,7 +1,7 @@
 """Sliding windows, Gemma and GPT-NeoX against memory PyTorch counts (fake tensors on a CPU).
 
 Small configs with odd sizes, built by transformers from the ModelSpec the reader made; the
-activations kept at the end of forward equal :func:`vrammath.activations.hf_activation_bytes`
+activations kept at the end of forward equal :func:`vrammath.terms.activations.model.hf_activation_bytes`
 to the byte. Run by ``nox -s measure``.
 """
 
@@ -14,12 +14,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.activations import hf_activation_bytes  # noqa: E402
 from vrammath.measure import measure_training_step  # noqa: E402
 from vrammath.measure.archs import ARCH_CONFIGS  # noqa: E402
 from vrammath.measure.build import as_spec  # noqa: E402
-from vrammath.params import size_values  # noqa: E402
-from vrammath.symbols import b, s  # noqa: E402
+from vrammath.model.params import size_values  # noqa: E402
+from vrammath.notation.symbols import b, s  # noqa: E402
+from vrammath.terms.activations.model import hf_activation_bytes  # noqa: E402
 
 pytestmark = [
     pytest.mark.measure,
@@ -127,7 +127,7 @@ EAGER_ONLY = {"gemma2-odd"}  # transformers' SDPA refuses attention softcapping
 def test_param_count_equals_transformers(config: str) -> None:
     """The exact count equals transformers' own, built on the meta device."""
     from vrammath.measure.build import build_model
-    from vrammath.params import param_count
+    from vrammath.model.params import param_count
 
     spec = as_spec(ARCHS[config])
     with torch.device("meta"):
@@ -159,7 +159,7 @@ def test_arch_activations_are_exact(
 )
 def test_preset_param_count_equals_transformers(preset: str, count: int) -> None:
     from vrammath.measure.build import build_model
-    from vrammath.params import param_count
+    from vrammath.model.params import param_count
 
     spec = as_spec(preset)
     with torch.device("meta"):

@@ -17,18 +17,18 @@ import sympy
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.activation_parts import HfRecompute
-from vrammath.activations import hf_activation_bytes
 from vrammath.cli import main
-from vrammath.errors import InputError
-from vrammath.estimate import estimate
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup
 from vrammath.measure.build import RECIPE_OF, as_spec
 from vrammath.measure.derive import coefficients, derive, grid, solve_exact
 from vrammath.measure.matrix import step_counter_bytes
 from vrammath.measure.matrix_rows import CONFIGS as MATRIX_CONFIGS
-from vrammath.params import param_count, size_values
-from vrammath.setup import Setup
-from vrammath.symbols import L, L_e, P, b, s
+from vrammath.model.params import param_count, size_values
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import L, L_e, P, b, s
+from vrammath.terms.activations.model import hf_activation_bytes
+from vrammath.terms.activations.parts import HfRecompute
 
 pytestmark = [
     pytest.mark.measure,

@@ -2,7 +2,7 @@
 
 Each config is built by transformers from the raw config.json dict (no ModelSpec in between) and
 counted with MemTracker under FakeTensorMode on a CPU; the activations kept at the end of
-forward equal :func:`vrammath.activations.hf_activation_bytes` with ``device="cpu"`` to the
+forward equal :func:`vrammath.terms.activations.model.hf_activation_bytes` with ``device="cpu"`` to the
 byte (the CPU's dropout keeps a noise tensor of the input's dtype, and SDPA with dropout runs
 PyTorch's math kernel there). Run by ``nox -s measure``.
 """
@@ -16,13 +16,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.activation_parts import Attention, HfRecompute, Precision
-from vrammath.activations import hf_activation_bytes
-from vrammath.gpt_blocks import GELU_KEPT
 from vrammath.measure.derive import measure_config
-from vrammath.model import from_hf_config
-from vrammath.params import size_values
-from vrammath.symbols import b, s
+from vrammath.model.params import size_values
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.symbols import b, s
+from vrammath.terms.activations.gpt import GELU_KEPT
+from vrammath.terms.activations.model import hf_activation_bytes
+from vrammath.terms.activations.parts import Attention, HfRecompute, Precision
 
 pytestmark = [
     pytest.mark.measure,

@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.errors import InputError
 from vrammath.measure import engines
 from vrammath.measure.build import as_spec
-from vrammath.params import param_count
+from vrammath.model.params import param_count
+from vrammath.notation.errors import InputError
 
 pytestmark = [
     pytest.mark.measure,

@@ -4,7 +4,7 @@ Small odd deepseek_v3 configs (q_lora_rank set and null, one dense layer, shared
 routing with n_group and topk_group above 1), built by transformers in bf16 with the
 grouped-matmul experts; MemTracker counts, on real CPU tensors, what a training forward keeps at
 its end (the logits the caller still holds removed). It equals
-:func:`vrammath.activations.hf_activation_bytes` (``device="cpu"``) to the byte, for eager and
+:func:`vrammath.terms.activations.model.hf_activation_bytes` (``device="cpu"``) to the byte, for eager and
 SDPA attention (PyTorch's flash kernel when v_head_dim equals qk_head_dim, its math kernel
 otherwise), without recomputation and with full recomputation, at several (b, s) and for two
 routings of the same tokens. bf16 only: the grouped matmul takes bf16 inputs.
@@ -19,10 +19,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vrammath.activations import hf_activation_bytes  # noqa: E402
-from vrammath.model import from_hf_config  # noqa: E402
-from vrammath.params import size_values  # noqa: E402
-from vrammath.symbols import b, k_e, s  # noqa: E402
+from vrammath.model.params import size_values  # noqa: E402
+from vrammath.model.readers import from_hf_config  # noqa: E402
+from vrammath.notation.symbols import b, k_e, s  # noqa: E402
+from vrammath.terms.activations.model import hf_activation_bytes  # noqa: E402
 
 pytestmark = [
     pytest.mark.measure,
@@ -151,7 +151,7 @@ def test_kept_bytes_do_not_depend_on_routing(name: str) -> None:
     assert one == two == _predicted(name, "sdpa", "none", 2, 24)
 
 
-# --- the MoE block op by op (vrammath.deepseek_moe_steps) ---------------------------------------
+# --- the MoE block op by op (vrammath.terms.moe.deepseek) ---------------------------------------
 
 BLOCKS: dict[str, dict[str, Any]] = {
     "normalised": {"hidden_size": 72, "moe_intermediate_size": 24, "n_shared_experts": 2},
@@ -253,7 +253,7 @@ def _values(spec: Any, tokens: int) -> dict[Any, int]:
 
 def _steps_bytes(steps: list[Any], values: dict[Any, int]) -> list[int]:
     """Backward steps as bytes: bf16 gradients, but the router's fp32 weight's."""
-    from vrammath.symbols import E, h
+    from vrammath.notation.symbols import E, h
 
     router = E * h
     out = [int((x + (4 if g == router else 2) * g).subs(values)) for x, g in steps]
@@ -263,7 +263,7 @@ def _steps_bytes(steps: list[Any], values: dict[Any, int]) -> list[int]:
 @pytest.mark.parametrize("tokens", [13, 40])
 @pytest.mark.parametrize("name", sorted(BLOCKS))
 def test_block_steps_are_pytorch_count(name: str, tokens: int) -> None:
-    from vrammath.deepseek_moe_steps import deepseek_backward_steps, deepseek_forward_steps
+    from vrammath.terms.moe.deepseek import deepseek_backward_steps, deepseek_forward_steps
 
     alive, mark, spec = _trace_block(name, tokens, "save")
     values = _values(spec, tokens)
@@ -284,7 +284,7 @@ def test_recomputed_block_steps_reach_pytorch_peak(name: str) -> None:
     """Under a non-reentrant checkpoint: the recomputation, then the recomputed backward; the
     checkpoint splits a few router ops the lists join, so the running peak and the end are
     compared."""
-    from vrammath.deepseek_moe_steps import deepseek_backward_steps, deepseek_recompute_steps
+    from vrammath.terms.moe.deepseek import deepseek_backward_steps, deepseek_recompute_steps
 
     tokens = 24
     alive, mark, spec = _trace_block(name, tokens, "ckpt")

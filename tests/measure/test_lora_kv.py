@@ -3,7 +3,7 @@ transformers' own cache objects, against vrammath's formulas -- byte for byte.
 
 Needs the ``measure`` extra (torch, transformers, peft). The root conftest skips this folder when
 torch or transformers is missing; peft is checked here. QLoRA is not measured: bitsandbytes' 4-bit
-kernels need CUDA (see ``vrammath.claims.qlora_65b_claims`` for the published figures instead).
+kernels need CUDA (see ``vrammath.answers.claims.qlora_65b_claims`` for the published figures instead).
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vrammath.kv_cache import kv_cache_bytes
-from vrammath.lora import lora_activation_layer_expr, lora_param_count
 from vrammath.measure.lora import (
     KV_CONFIGS,
     config_dict,
     measure_kv_cache,
     measure_lora_step,
 )
-from vrammath.model import from_hf_config
-from vrammath.params import param_count, size_values
-from vrammath.presets import load_model
-from vrammath.symbols import b, r, s
+from vrammath.model.params import param_count, size_values
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.notation.symbols import b, r, s
+from vrammath.serve.kv_cache import kv_cache_bytes
+from vrammath.terms.lora.adapters import lora_activation_layer_expr, lora_param_count
 
 pytestmark = pytest.mark.measure
 
@@ -86,7 +86,7 @@ def test_lora_step_matches(model: str, rank: int, targets: tuple[str, ...], drop
 
 
 def config_of(model: str) -> dict[str, object]:
-    from vrammath.presets import raw_config
+    from vrammath.model.presets import raw_config
 
     return raw_config(model)
 

@@ -1,7 +1,7 @@
 """Measured: LoRA on mixture-of-experts and latent-attention models, through the real peft.
 
 Small configs of each MoE reader (real bf16 tensors on the CPU, seconds each): the trainable
-count and every adapter tensor's shape equal :func:`vrammath.adapted.adapted_linears`, both for
+count and every adapter tensor's shape equal :func:`vrammath.terms.lora.targets.adapted_linears`, both for
 the explicit peft arguments :func:`vrammath.measure.lora.peft_targets` writes and, for
 ``all-linear``, for peft's own keyword (whose meaning on MoE models peft rewrites per model
 type). Needs the ``measure`` extra with peft.
@@ -19,11 +19,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from vrammath.adapted import adapted_linears  # noqa: E402
-from vrammath.errors import InputError  # noqa: E402
-from vrammath.lora import lora_param_count, lora_values  # noqa: E402
 from vrammath.measure.lora import peft_targets  # noqa: E402
-from vrammath.model import from_hf_config  # noqa: E402
+from vrammath.model.readers import from_hf_config  # noqa: E402
+from vrammath.notation.errors import InputError  # noqa: E402
+from vrammath.terms.lora.adapters import lora_param_count, lora_values  # noqa: E402
+from vrammath.terms.lora.linears import adapted_linears  # noqa: E402
 
 pytestmark = pytest.mark.measure
 
@@ -168,11 +168,11 @@ ACTIVATION_CASES = [
 def test_adapter_activations_exact(model_type: str, targets: str) -> None:
     """What the adapters add to the kept memory of a fake bf16 training step, byte for byte:
     on the router and the experts that is the merged weight peft builds for the forward pass,
-    its factors in bf16 and the matmul's input (see ``vrammath.lora._wrapped_bytes``)."""
-    from vrammath.lora import lora_activation_layer_expr
+    its factors in bf16 and the matmul's input (see ``vrammath.terms.lora.adapters._wrapped_bytes``)."""
     from vrammath.measure.lora import measure_lora_step
-    from vrammath.params import size_values
-    from vrammath.symbols import L, b, r, s
+    from vrammath.model.params import size_values
+    from vrammath.notation.symbols import L, b, r, s
+    from vrammath.terms.lora.adapters import lora_activation_layer_expr
 
     cfg = _config(model_type)
     spec = from_hf_config(cfg)

@@ -2,7 +2,7 @@
 
 peft adapts the modules transformers builds (fused ``c_attn``, ``query_key_value``,
 ``qkv_proj``, ``gate_up_proj``; GPT-2's two ``c_proj``); vrammath's
-:func:`~vrammath.lora.lora_param_count` with the same targets must equal peft's count, on the
+:func:`~vrammath.terms.lora.adapters.lora_param_count` with the same targets must equal peft's count, on the
 small configs of :data:`vrammath.measure.archs.ARCH_CONFIGS`. Run by ``nox -s measure``.
 """
 
@@ -14,10 +14,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vrammath.lora import lora_param_count
 from vrammath.measure.archs import ARCH_CONFIGS, EAGER_ONLY
 from vrammath.measure.build import as_spec
 from vrammath.measure.lora import measure_lora_step
+from vrammath.terms.lora.adapters import lora_param_count
 
 pytestmark = [
     pytest.mark.measure,

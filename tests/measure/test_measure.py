@@ -14,12 +14,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.activations import hf_activation_bytes  # noqa: E402
-from vrammath.layer_terms import hf_layer_bytes  # noqa: E402
 from vrammath.measure import matrix, measure_training_step  # noqa: E402
 from vrammath.measure.build import as_spec, gelu_of  # noqa: E402
-from vrammath.params import size_values  # noqa: E402
-from vrammath.symbols import b, s  # noqa: E402
+from vrammath.model.params import size_values  # noqa: E402
+from vrammath.notation.symbols import b, s  # noqa: E402
+from vrammath.terms.activations.layer import hf_layer_bytes  # noqa: E402
+from vrammath.terms.activations.model import hf_activation_bytes  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),

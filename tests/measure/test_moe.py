@@ -3,12 +3,12 @@
 * parameter counts equal ``sum(p.numel() for p in model.parameters())`` on the meta device, for
   every MoE preset (DeepSeek-V3 included);
 * DeepSeek-V3's cache holds the compressed latent and the RoPE key (``kv_lora_rank +
-  qk_rope_head_dim`` elements per token and layer), as :func:`vrammath.kv_cache.kv_cache_bytes`;
+  qk_rope_head_dim`` elements per token and layer), as :func:`vrammath.serve.kv_cache.kv_cache_bytes`;
 * the memory a training forward keeps does not depend on how tokens are routed (MemTracker on
   real bf16 tensors, two router initialisations and correction biases, the routing checked to
   differ), for transformers' grouped-matmul experts and for its per-expert loop;
 * nor do the grouped experts' forward and backward peaks, with and without recomputation
-  (the op-by-op steps of :mod:`vrammath.moe_peaks`), while the per-expert loop's backward peak
+  (the op-by-op steps of :mod:`vrammath.terms.moe.peaks`), while the per-expert loop's backward peak
   moves with the routing.
 
 bf16 throughout: the grouped matmul (``torch._grouped_mm``) takes bf16 inputs only, so its fp32
@@ -28,10 +28,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vrammath.kv_cache import kv_cache_bytes  # noqa: E402
-from vrammath.model import from_hf_config  # noqa: E402
-from vrammath.params import param_count  # noqa: E402
-from vrammath.presets import load_model  # noqa: E402
+from vrammath.model.params import param_count  # noqa: E402
+from vrammath.model.presets import load_model  # noqa: E402
+from vrammath.model.readers import from_hf_config  # noqa: E402
+from vrammath.serve.kv_cache import kv_cache_bytes  # noqa: E402
 
 pytestmark = [
     pytest.mark.measure,
@@ -174,9 +174,9 @@ def test_kept_memory_does_not_depend_on_routing(model_type: str, implementation:
 
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_whole_model_activations_exact(model_type: str) -> None:
-    from vrammath.activations import hf_activation_bytes
-    from vrammath.params import size_values
-    from vrammath.symbols import b, k_e, s
+    from vrammath.model.params import size_values
+    from vrammath.notation.symbols import b, k_e, s
+    from vrammath.terms.activations.model import hf_activation_bytes
 
     kept, _ = _forward_memory(model_type, 0, 0.0, "grouped_mm")
     spec = from_hf_config(_tiny(model_type))
@@ -188,7 +188,7 @@ def test_whole_model_activations_exact(model_type: str) -> None:
 def _block_kept(model_type: str, tokens: int, top_k: int) -> tuple[int, int]:
     """What autograd still holds after one MoE block's forward (each storage once, parameters
     and the block's input excluded) plus its output, and vrammath's figure."""
-    from vrammath.moe import moe_mlp_kept_bytes
+    from vrammath.terms.moe.params import moe_mlp_kept_bytes
 
     cfg = {**_tiny(model_type), "num_experts_per_tok": top_k}
     hf = _hf_config(cfg)

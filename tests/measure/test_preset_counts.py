@@ -2,7 +2,7 @@
 
 The model is built by transformers from the preset's raw ``config.json`` (``AutoConfig`` and
 ``AutoModelForCausalLM`` on the meta device: no weights, no ModelSpec in between) and its
-parameters counted with ``numel``; vrammath's :func:`~vrammath.params.param_count` of the
+parameters counted with ``numel``; vrammath's :func:`~vrammath.model.params.param_count` of the
 preset must equal it exactly. Mixture-of-experts presets are left to ``test_moe.py``. Run by
 ``nox -s measure``.
 """
@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vrammath.params import param_count  # noqa: E402
-from vrammath.presets import load_model, model_names, raw_config  # noqa: E402
+from vrammath.model.params import param_count  # noqa: E402
+from vrammath.model.presets import load_model, model_names, raw_config  # noqa: E402
 
 pytestmark = [
     pytest.mark.measure,

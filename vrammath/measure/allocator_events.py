@@ -7,8 +7,8 @@ a ``TorchDispatchMode`` that logs every storage an op creates (its bytes) and th
 storage dies (a weak reference on the storage, as PyTorch's ``MemTracker`` does). Parameters,
 buffers and the input ids are logged first, in the order the model holds them, as phase
 ``setup``; a zero-byte allocation marks the start of every phase. The log
-(:class:`vrammath.allocator.Event`, stream 0) replays through
-:func:`vrammath.allocator.predict`.
+(:class:`vrammath.terms.allocator.Event`, stream 0) replays through
+:func:`vrammath.terms.allocator.predict`.
 
 What a CPU log cannot match on CUDA: CPU kernels stand in for CUDA ones (attention kernels keep
 differently shaped statistics, a GEMM may use a workspace), and the model's construction on a GPU
@@ -35,8 +35,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vrammath.allocator import Event, predict
-from vrammath.errors import one_of
 from vrammath.measure.build import (
     ATTENTIONS,
     PRECISIONS,
@@ -46,9 +44,12 @@ from vrammath.measure.build import (
     gelu_of,
     real_training_masks,
 )
+from vrammath.measure.matrix import GPU_ROWS, _model_arg, run_cuda_rows
 from vrammath.measure.step import RECOMPUTE, _enable_checkpointing, _loop, _make_optimizer
-from vrammath.model import ModelSpec
-from vrammath.presets import GPU, load_gpus
+from vrammath.model.presets import GPU, load_gpus
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import one_of
+from vrammath.terms.allocator import Event, predict
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,6 @@ def _measure_cuda_row(index: int) -> dict[str, Any]:
     (:func:`vrammath.measure.matrix.run_cuda_rows`), the allocator's peaks and the context."""
     import torch
 
-    from vrammath.measure.matrix import GPU_ROWS, run_cuda_rows
-
     torch.cuda.init()
     entry = run_cuda_rows([GPU_ROWS[index]])[0]
     if "error" in entry:
@@ -259,7 +258,6 @@ def cuda_rows(
 
     Rows are started while less than ``budget_s`` seconds have passed.
     """
-    from vrammath.measure.matrix import GPU_ROWS, _model_arg
 
     started = time.perf_counter()
     out_rows: list[dict[str, Any]] = doc.setdefault("rows", [])
@@ -345,7 +343,6 @@ GPU row)."""
 
 def record_docs(path: Path) -> None:
     """Record :data:`DOC_ROWS` (two iterations each) into ``path`` (compact JSON)."""
-    from vrammath.measure.matrix import _model_arg
 
     logs = []
     for row in DOC_ROWS:
@@ -392,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": "measured: max over phases of max_memory_allocated and reserved_bytes.all.current "
         "at the end (no empty_cache, so its peak), each row in a fresh process; context_estimate: "
         "device memory in use (cudaMemGetInfo) minus memory_reserved after empty_cache; "
-        "predicted: vrammath.allocator.predict over the CPU event log of the same row, with the "
+        "predicted: vrammath.terms.allocator.predict over the CPU event log of the same row, with the "
         "GPU preset whose label is the device name",
         "rows": [],
     }

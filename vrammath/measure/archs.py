@@ -3,7 +3,7 @@
 ``python -m vrammath.measure.archs`` builds a small config of each ``model_type`` vrammath reads
 (odd sizes, GQA/MQA, biases, explicit head_dim, tied embeddings, sliding windows below s),
 runs two training iterations of the transformers model in FakeTensorMode under MemTracker, and
-compares the steady iteration with :func:`vrammath.estimate.estimate` for bf16 SDPA and fp32
+compares the steady iteration with :func:`vrammath.compose.estimate.estimate` for bf16 SDPA and fp32
 eager (Gemma-2: bf16 eager, since transformers' SDPA refuses its softcapping). The parameter
 count is also checked against transformers' own count of the model built from the *raw* config
 on the meta device. ``--out`` writes ``validation/archs.json``; ``--diff`` compares a fresh run
@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vrammath.measure.build import as_spec
 from vrammath.measure.matrix import compare, diff, estimate_row, measured_row, worst_rel_errors
+from vrammath.measure.step import measure_training_step
+from vrammath.model.params import param_count
 
 ARCH_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {
@@ -236,9 +239,6 @@ def transformers_param_count(cfg: dict[str, Any]) -> int:
 
 def run(rows_: list[dict[str, Any]], *, steps: int = 2, log: Any = None) -> list[dict[str, Any]]:
     """Measure and compare each row (a row that cannot run stays in the data as an error)."""
-    from vrammath.measure.build import as_spec
-    from vrammath.measure.step import measure_training_step
-    from vrammath.params import param_count
 
     out = []
     for row in rows_:

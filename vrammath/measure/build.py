@@ -1,4 +1,4 @@
-"""Build the real Hugging Face model of a :class:`~vrammath.model.ModelSpec`, without weights.
+"""Build the real Hugging Face model of a :class:`~vrammath.model.spec.ModelSpec`, without weights.
 
 Nothing here is imported at package import time: torch and transformers are loaded inside the
 functions, so ``vrammath`` (and its doctests) work without the ``measure`` extra.
@@ -10,12 +10,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from vrammath.errors import InputError, one_of
 from vrammath.measure.build_decoders import MODEL_TYPES as DECODER_TYPES
 from vrammath.measure.build_decoders import decoder_class, decoder_config
 from vrammath.measure.build_moe import MODEL_TYPES as MOE_TYPES
 from vrammath.measure.build_moe import moe_class, moe_config
-from vrammath.model import ModelSpec, from_hf_config
+from vrammath.model.presets import load_model
+from vrammath.model.readers import from_hf_config
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import InputError, one_of
 
 if TYPE_CHECKING:
     import torch
@@ -38,8 +40,6 @@ def as_spec(model: ModelSpec | str | Mapping[str, object]) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
-        from vrammath.presets import load_model
-
         return load_model(model)
     return from_hf_config(model)
 

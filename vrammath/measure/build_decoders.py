@@ -1,14 +1,14 @@
 """transformers configs and model classes of the newer decoders (Qwen3, OLMo-2, Phi-3, StarCoder2).
 
 :mod:`vrammath.measure.build` asks here for the model types of
-:mod:`vrammath.readers.decoders`; torch and transformers are imported inside the functions.
+:mod:`vrammath.model.readers.decoders`; torch and transformers are imported inside the functions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vrammath.model import ModelSpec
+from vrammath.model.spec import ModelSpec
 
 MODEL_TYPES: tuple[str, ...] = ("olmo2", "phi3", "qwen3", "starcoder2")
 """The model types this module builds."""

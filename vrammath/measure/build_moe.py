@@ -2,7 +2,7 @@
 DeepSeek-V3).
 
 :mod:`vrammath.measure.build` asks here for the model types whose MoE training is estimated
-(:data:`vrammath.activations.MOE_ACTIVATION_TYPES`). The experts run transformers' grouped
+(:data:`vrammath.terms.activations.model.MOE_ACTIVATION_TYPES`). The experts run transformers' grouped
 matmul (``_experts_implementation = "grouped_mm"``), which takes bf16 inputs only; torch and
 transformers are imported inside the functions.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vrammath.model import ModelSpec
+from vrammath.model.spec import ModelSpec
 
 MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 """The model types this module builds."""

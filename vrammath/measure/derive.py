@@ -32,8 +32,24 @@ from typing import Any
 
 import sympy
 
-from vrammath.errors import InputError, one_of, positive_int
-from vrammath.symbols import L, b, s
+from vrammath.measure.build import param_dtype, real_training_masks
+from vrammath.measure.hf_config import (
+    first_line,
+    grouped_experts,
+    hf_config_of,
+    layer_count,
+    uniform_layers,
+)
+from vrammath.measure.step import (
+    _enable_checkpointing,
+    _lean_tracker,
+    _loop,
+    _make_optimizer,
+    _Phases,
+)
+from vrammath.notation.errors import InputError, one_of, positive_int
+from vrammath.notation.symbols import L, b, s
+from vrammath.notation.units import fmt_bytes
 
 MONOMIALS: tuple[sympy.Expr, ...] = (sympy.Integer(1), b, s, b * s, s**2, b * s**2)
 """The monomials the fit solves for."""
@@ -62,17 +78,6 @@ def grid(seq: int) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], tuple[
 PRECISIONS = ("bf16", "fp32")
 ATTENTIONS = ("sdpa", "eager")
 RECOMPUTES = ("none", "full")
-# keys that make decoder layers differ (then all L layers are run)
-_PER_LAYER_KEYS = (
-    "first_k_dense_replace",
-    "mlp_only_layers",
-    "decoder_sparse_step",
-    "moe_layer_freq",
-    "sliding_window_pattern",
-    "no_rope_layers",
-    "max_window_layers",
-    "layer_types",
-)
 
 
 @dataclass(frozen=True)
@@ -211,74 +216,6 @@ def solve_exact(points: Sequence[tuple[int, int]], values: Sequence[int]) -> sym
     return sympy.expand(sum((c * m for c, m in zip(coeffs, MONOMIALS, strict=True)), sympy.S(0)))
 
 
-def hf_config_of(cfg: Mapping[str, object], *, attention: str, layers: int | None = None) -> Any:
-    """The transformers config object of a config.json dict (``layers`` overrides its count)."""
-    import transformers
-
-    if not isinstance(cfg, Mapping):
-        raise InputError("config", "must be a JSON object", got=type(cfg).__name__)
-    model_type = cfg.get("model_type")
-    if not isinstance(model_type, str):
-        raise InputError("model_type", "is required in the config and missing", got=model_type)
-    rest = {k: v for k, v in cfg.items() if k != "model_type"}
-    try:
-        config = transformers.AutoConfig.for_model(model_type, **rest)
-        if layers is not None:
-            key = type(config).attribute_map.get("num_hidden_layers", "num_hidden_layers")
-            for name in ("num_hidden_layers", key):
-                rest.pop(name, None)
-            kinds = rest.get("layer_types")
-            if isinstance(kinds, list):  # uniform here (else all layers run): keep its length
-                rest["layer_types"] = kinds[:layers]
-            config = transformers.AutoConfig.for_model(model_type, **rest, **{key: layers})
-    except (ValueError, TypeError, KeyError) as exc:
-        raise InputError(
-            "model_type",
-            f"transformers {transformers.__version__} cannot build this config "
-            f"({_first_line(exc)})",
-            got=model_type,
-        ) from None
-    config._attn_implementation = attention
-    config.use_cache = False
-    if grouped_experts(config):
-        # asked for by name: transformers would fall back to its per-expert loop silently
-        config._experts_implementation = "grouped_mm"
-    return config
-
-
-def grouped_experts(config: Any) -> bool:
-    """Whether transformers runs this config's causal LM with switchable experts (Mixtral,
-    Qwen-MoE, DeepSeek-V3, ...): derive then runs them as one grouped matmul (``grouped_mm``),
-    whose kept memory does not depend on the routing, and which takes bf16 inputs only."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    return cls is not None and bool(cls._can_set_experts_implementation())
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:160]
-
-
-def _layer_count(config: Any) -> int:
-    n = getattr(config, "num_hidden_layers", None)
-    if not isinstance(n, int) or n <= 0:
-        raise InputError("num_hidden_layers", "must be a positive integer in the config", got=n)
-    return n
-
-
-def uniform_layers(cfg: Mapping[str, object], config: Any) -> bool:
-    """Whether every decoder layer is built the same (then the count can be fitted in L)."""
-    kinds = getattr(config, "layer_types", None)
-    if isinstance(kinds, (list, tuple)) and len(set(kinds)) > 1:
-        return False
-    given = [k for k in _PER_LAYER_KEYS if k != "layer_types" and cfg.get(k) not in (None, 0)]
-    if "max_window_layers" in given and not cfg.get("use_sliding_window"):
-        given.remove("max_window_layers")  # only read when the sliding window is on
-    return not given
-
-
 def measure_config(
     cfg: Mapping[str, object],
     *,
@@ -299,15 +236,6 @@ def measure_config(
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from vrammath.measure.build import param_dtype, real_training_masks
-    from vrammath.measure.step import (
-        _enable_checkpointing,
-        _lean_tracker,
-        _loop,
-        _make_optimizer,
-        _Phases,
-    )
-
     config = hf_config_of(cfg, attention=attention, layers=layers)
     with real_training_masks(), FakeTensorMode():
         torch.manual_seed(0)
@@ -317,7 +245,7 @@ def measure_config(
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise InputError(
-                "config", f"transformers cannot build a causal LM of it ({_first_line(exc)})"
+                "config", f"transformers cannot build a causal LM of it ({first_line(exc)})"
             ) from None
         model.train()
         if recompute == "full":
@@ -404,7 +332,7 @@ def _derive(
     (batch, seq), (optimizer, implementation), (steps, verify) = point, opt, how
     started = time.perf_counter()
     config = hf_config_of(cfg, attention=attention)
-    n_layers = _layer_count(config)
+    n_layers = layer_count(config)
     if precision != "bf16" and grouped_experts(config):
         raise InputError(
             "precision",
@@ -500,7 +428,6 @@ def _compare(
 
 def report_lines(result: Derived, batch: int, seq: int) -> list[str]:
     """The text the CLI prints: the expressions, the bytes at (batch, seq) and the checks."""
-    from vrammath.units import fmt_bytes
 
     at = result.bytes_at(batch, seq)
     head = (
@@ -559,10 +486,7 @@ __all__ = [
     "Derived",
     "coefficients",
     "derive",
-    "grouped_experts",
-    "hf_config_of",
     "measure_config",
     "report_lines",
     "solve_exact",
-    "uniform_layers",
 ]

@@ -36,7 +36,6 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vrammath.errors import one_of
 from vrammath.measure.build import as_spec, build_model, real_training_masks
 from vrammath.measure.step import (
     CATEGORIES,
@@ -45,6 +44,7 @@ from vrammath.measure.step import (
     _lean_tracker,
     _Phases,
 )
+from vrammath.notation.errors import one_of
 
 PHASE_NAMES = ("forward", "backward", "step", "zero_grad")
 STATES = ("parameters", "gradients", "optimizer")

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import vrammath as vm
 from vrammath.measure.build import as_spec
 from vrammath.measure.engine_runs import (
     CONFIGS,
@@ -40,7 +41,6 @@ def estimate_engine(
     engine: str, model: Any, *, batch: int, seq: int, attention: str, ranks: int
 ) -> dict[str, Any]:
     """vrammath's numbers for the recipe an engine implements, from the public API only."""
-    import vrammath as vm
 
     cfg = ENGINES[engine]
     spec = as_spec(model)

@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vrammath.adapted import adapted_linears, lora_targets
 from vrammath.measure.build import as_spec, build_model, real_training_masks
-from vrammath.model import ModelSpec
+from vrammath.model.spec import ModelSpec
+from vrammath.terms.lora.linears import adapted_linears
+from vrammath.terms.lora.targets import lora_targets
 
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
 
@@ -86,7 +87,7 @@ def _module_to_in_place() -> Any:
 def peft_targets(spec: ModelSpec, targets: str | Sequence[str]) -> dict[str, list[str]]:
     """``target_modules`` / ``target_parameters`` that make peft adapt what ``targets`` names.
 
-    >>> from vrammath.presets import load_model
+    >>> from vrammath.model.presets import load_model
     >>> peft_targets(load_model("mixtral-8x7b"), "o,gate,up,down,router")
     {'target_modules': ['self_attn.o_proj', 'w1', 'w3', 'w2', 'gate']}
     >>> peft_targets(load_model("qwen3-30b-a3b"), "q,experts")  # doctest: +NORMALIZE_WHITESPACE

@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vrammath.estimate import estimate
+from vrammath.compose.estimate import estimate
+from vrammath.compose.setup import Setup, with_changes
 from vrammath.measure.build import RECIPE_OF, as_spec
 from vrammath.measure.matrix_rows import CONFIGS, GPT_TANH, GPU_ROWS, ROWS, SMALL_GQA, SMALL_TIED
-from vrammath.setup import Setup, with_changes
+from vrammath.measure.step import measure_training_step
+from vrammath.model.params import size_values, tensors
 
 TOLERANCE = {"exact": 0.0, "activations": 0.01, "peak": 0.01}
 EXACT = ("parameters", "gradients", "optimizer")
@@ -45,14 +47,13 @@ def step_counter_bytes(spec: Any, optimizer: str) -> int:
     """
     if optimizer not in ("adam", "adamw"):
         return 0
-    from vrammath.params import size_values, tensors
 
     values = size_values(spec)
     return 4 * sum(int(t.count.subs(values)) for t in tensors(spec))
 
 
 def setup_of(row: dict[str, Any], *, device: str = "cpu") -> Setup:
-    """The :class:`~vrammath.setup.Setup` a matrix row measures: its precision's recipe
+    """The :class:`~vrammath.compose.setup.Setup` a matrix row measures: its precision's recipe
     (:data:`~vrammath.measure.build.RECIPE_OF`), FSDP2 over ``zero3_ranks`` as ZeRO-3 on that
     many GPUs (states sharded per tensor on dim 0), the batch, sequence, attention, recomputation and optimizer of the row.
 
@@ -78,7 +79,7 @@ def setup_of(row: dict[str, Any], *, device: str = "cpu") -> Setup:
 
 def estimate_row(row: dict[str, Any], *, device: str = "cpu") -> dict[str, int]:
     """vrammath's numbers for one row (bytes per component, steady state unless named first):
-    :func:`vrammath.estimate.estimate` of :func:`setup_of` the row, in the measured components.
+    :func:`vrammath.compose.estimate.estimate` of :func:`setup_of` the row, in the measured components.
 
     ``device="cpu"`` gives what the fake-tensor CPU count sees (CPU dropout and LayerNorm kernels,
     AdamW's step counters on the device); ``"cuda"`` what a GPU's allocator should see.
@@ -179,7 +180,6 @@ def run_rows(
     rows: list[dict[str, Any]], *, steps: int = 2, log: Any = None
 ) -> list[dict[str, Any]]:
     """Measure and compare each row; returns the matrix rows."""
-    from vrammath.measure.step import measure_training_step
 
     out = []
     for row in rows:
@@ -359,7 +359,6 @@ def default_path() -> Path:
 
 def run_cuda_rows(rows: list[dict[str, Any]], log: Any = None) -> list[dict[str, Any]]:
     """Measure rows on a CUDA GPU (allocator counters) and compare with the CUDA estimates."""
-    from vrammath.measure.step import measure_training_step
 
     out = []
     for row in rows:

@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from vrammath.errors import InputError, one_of
 from vrammath.measure.build import (
     ATTENTIONS,
     PRECISIONS,
@@ -37,7 +36,8 @@ from vrammath.measure.build import (
     gelu_of,
     real_training_masks,
 )
-from vrammath.model import ModelSpec
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import InputError, one_of
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")

@@ -1,0 +1,218 @@
+"""Mixture-of-experts training layouts answered: the busiest rank's model states and activations
+under PP x EP x TP x DP, read from :func:`vrammath.compose.estimate.estimate` (the one composition), and
+DeepSeek-V3's published layout.
+
+Examples
+========
+
+>>> answer = deepseek_v3_training_memory()
+>>> answer.rank.stages, round(answer.total / 2**30, 1)  # GiB on the busiest H800
+((0, 15), 75.1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from vrammath.compose.estimate import Estimate, estimate
+from vrammath.compose.moe_stage import busiest_rank
+from vrammath.compose.setup import Setup
+from vrammath.model.presets import load_model
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import InputError
+from vrammath.notation.vocab import (
+    ACTIVATION_POLICY_NAMES,
+    OPTIMIZERS,
+    RECIPE_NAMES,
+    SCHEDULES,
+    check,
+)
+from vrammath.terms.korthikanti.layout import (
+    BF16_FLASH,
+    DEEPSEEK_V3_POLICY,
+    POLICIES,
+    ActivationPolicy,
+    policy_name,
+)
+from vrammath.terms.korthikanti.moe import Ratio
+from vrammath.terms.moe.layout import DEEPSEEK_V3_RECIPE, Layout, RankParams, check_layout
+from vrammath.terms.states import Recipe, recipe
+
+
+@dataclass(frozen=True)
+class LayoutMemory:
+    """Per-GPU memory of the busiest rank of a layout: its parameters, model states and
+    activations (bytes), with the assumptions that produced them and the
+    :class:`~vrammath.compose.estimate.Estimate` they are read from."""
+
+    spec: ModelSpec
+    layout: Layout
+    recipe: Recipe
+    policy: ActivationPolicy
+    micro_batch: int
+    seq_len: int
+    rank: RankParams
+    states: dict[str, int]
+    activations: dict[str, int]
+    estimate: Estimate
+
+    @property
+    def total(self) -> int:
+        """Model states plus activations, bytes (each part rounded up)."""
+        return sum(self.states.values()) + sum(self.activations.values())
+
+
+def layout_setup(
+    spec: ModelSpec,
+    layout: Layout,
+    recipe_name: Recipe | str = "bf16-mixed",
+    optimizer: str = "adamw",
+    *,
+    micro_batch: int = 1,
+    seq_len: int = 4096,
+    policy: ActivationPolicy | str = BF16_FLASH,
+    capacity_factor: Ratio | None = None,
+    imbalance: Ratio = 1,
+) -> Setup:
+    """The :class:`~vrammath.compose.setup.Setup` of a layout: Korthikanti-style activations, the data
+    parallel group as ``gpus``, sequence parallelism with tensor parallelism (Megatron-Core
+    requires it for MoE), capacity buffers padded.
+
+    >>> from vrammath.model.presets import load_model
+    >>> setup = layout_setup(load_model("mixtral-8x7b"), Layout(64, pp=4, ep=8))
+    >>> setup.gpus, setup.pp, setup.ep, setup.activation_formula, setup.policy
+    (16, 4, 8, 'korthikanti', 'bf16-flash')
+    """
+    check_layout(spec, layout)  # the layout's own names first
+    name = recipe_name.name if isinstance(recipe_name, Recipe) else recipe_name
+    if isinstance(recipe_name, Recipe) and recipe(name) != recipe_name:
+        raise InputError(
+            "recipe", "must be a named recipe of vrammath.terms.states.RECIPES", got=name
+        )
+    for field, value in (("capacity_factor", capacity_factor), ("imbalance", imbalance)):
+        if isinstance(value, sympy.Expr) and not value.is_number:
+            raise InputError(field, "must be a number for an estimate", got=str(value))
+    return Setup(
+        spec,
+        recipe=check("recipe", name, RECIPE_NAMES),
+        optimizer=check("optimizer", optimizer, OPTIMIZERS),
+        zero=layout.zero,
+        gpus=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        ep=layout.ep,
+        sp=layout.tp > 1,
+        schedule=check("schedule", layout.schedule, SCHEDULES),
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        activation_model="korthikanti",
+        capacity_factor=None if capacity_factor is None else float(capacity_factor),
+        imbalance=float(imbalance),
+        activation_policy=check("activation_policy", policy_name(policy), ACTIVATION_POLICY_NAMES),
+    )
+
+
+def layout_memory(
+    spec: ModelSpec,
+    layout: Layout,
+    recipe_name: Recipe | str = "bf16-mixed",
+    optimizer: str = "adamw",
+    *,
+    micro_batch: int = 1,
+    seq_len: int = 4096,
+    policy: ActivationPolicy | str = BF16_FLASH,
+    capacity_factor: Ratio | None = None,
+    imbalance: Ratio = 1,
+) -> LayoutMemory:
+    """The busiest rank's model states and activations, read from
+    :func:`vrammath.compose.estimate.estimate` of :func:`layout_setup` (the one composition).
+
+    >>> from vrammath.model.presets import load_model
+    >>> mem = layout_memory(load_model("mixtral-8x7b"), Layout(64, pp=4, ep=8))
+    >>> mem.rank.stages, round(mem.total / 2**30, 1)
+    ((3,), 48.7)
+    """
+    setup = layout_setup(
+        spec,
+        layout,
+        recipe_name,
+        optimizer,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        policy=policy,
+        capacity_factor=capacity_factor,
+        imbalance=imbalance,
+    )
+    est = estimate(setup)
+    keys = {c.key: c.bytes for c in est.components}
+    states = {k: keys.get(k) or 0 for k in ("weights", "gradients", "master", "optimizer")}
+    acts = {"layers": keys["activations"] or 0}
+    if "logits_loss" in keys:
+        acts["head"] = keys["logits_loss"] or 0
+    return LayoutMemory(
+        spec,
+        layout,
+        recipe(setup.recipe),
+        POLICIES[setup.policy],
+        micro_batch,
+        seq_len,
+        busiest_rank(setup),
+        states,
+        acts,
+        est,
+    )
+
+
+#: The published training layout of DeepSeek-V3 (report Section 3.2), 2,048 H800s with 16-way
+#: pipeline parallelism under DualPipe, 64-way expert parallelism over 8 nodes, ZeRO-1 data
+#: parallelism and no tensor parallelism.
+DEEPSEEK_V3_LAYOUT = Layout(2048, pp=16, tp=1, ep=64, zero=1, schedule="dualpipe")
+
+
+def deepseek_v3_training_memory(
+    micro_batch: int = 1,
+    seq_len: int = 4096,
+    policy: ActivationPolicy | str = DEEPSEEK_V3_POLICY,
+    *,
+    capacity_factor: Ratio | None = None,
+    imbalance: Ratio = 1,
+) -> LayoutMemory:
+    """Per-GPU memory of DeepSeek-V3's pre-training on 2,048 H800s, from the formulas.
+
+    The published layout (:data:`DEEPSEEK_V3_LAYOUT`), precision
+    (:data:`~vrammath.terms.moe.layout.DEEPSEEK_V3_RECIPE`: bf16 weights, fp32 gradients and master
+    weights, bf16 AdamW moments),
+    sequences of 4,096 tokens (Section 4.2), dropless routing (Section 2.1.2) with balanced
+    load (``imbalance`` 1). The micro-batch is not published: one sequence is assumed.
+
+    >>> answer = deepseek_v3_training_memory()
+    >>> {k: round(v / 2**30, 2) for k, v in answer.states.items()}
+    {'weights': 9.95, 'gradients': 19.91, 'master': 0.72, 'optimizer': 0.72}
+
+    References
+    ==========
+
+    .. [1] DeepSeek-AI, arXiv:2412.19437 (2024), Sections 2.1.2, 3.2, 3.3 and 4.2.
+    """
+    return layout_memory(
+        load_model("deepseek-v3"),
+        DEEPSEEK_V3_LAYOUT,
+        DEEPSEEK_V3_RECIPE,
+        "adamw",
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        policy=policy,
+        capacity_factor=capacity_factor,
+        imbalance=imbalance,
+    )
+
+
+__all__ = [
+    "DEEPSEEK_V3_LAYOUT",
+    "LayoutMemory",
+    "deepseek_v3_training_memory",
+    "layout_memory",
+    "layout_setup",
+]

@@ -1,0 +1,222 @@
+"""Results as text and JSON: one place renders an :class:`~vrammath.compose.estimate.Estimate` and a
+:class:`~vrammath.serve.estimate.ServeEstimate`, for the CLI, the docs and tests alike.
+
+Examples
+========
+
+>>> from vrammath.compose.estimate import estimate
+>>> from vrammath.model.presets import load_model
+>>> from vrammath.compose.setup import Setup
+>>> data = estimate_dict(estimate(Setup(load_model("gpt2"))))
+>>> data["setup"]["activation_model"], data["totals"]["peak_phase"]
+('hf', 'backward_peak')
+"""
+
+from __future__ import annotations
+
+import functools
+
+import sympy
+
+from vrammath.compose.estimate import Estimate
+from vrammath.model.params import param_count
+from vrammath.notation.fields import field_values
+from vrammath.notation.units import fmt_gb, fmt_gib
+from vrammath.serve.estimate import ServeEstimate
+from vrammath.terms.moe.params import param_summary
+
+
+@functools.lru_cache(maxsize=4096)
+def _text(expr: sympy.Basic) -> str:
+    # printing is most of an estimate's time, and a changed number keeps every expression
+    return str(expr)
+
+
+def estimate_dict(est: Estimate) -> dict[str, object]:
+    """Machine-readable form with stable keys; bytes are integers (None = not estimated)."""
+    spec = est.gpu_spec
+    setup = est.setup
+    out: dict[str, object] = {
+        "model": setup.model.name,
+        "params": param_count(setup.model),
+        "setup": {**field_values(setup), "activation_model": setup.activation_formula},
+        "phases": est.phases,
+        "components": [
+            {
+                "key": c.key,
+                "label": c.label,
+                "device": c.device,
+                "bytes": c.bytes,
+                "expr": None if c.expr is None else _text(c.expr),
+                "note": c.note,
+            }
+            for c in est.components
+        ],
+        "totals": {
+            "gpu_bytes": est.gpu_bytes,
+            "cpu_bytes": est.cpu_bytes,
+            "model_state_bytes": est.model_state_bytes,
+            "peak_phase": est.peak_phase,
+        },
+        "unestimated": list(est.unestimated),
+        "gpu": None
+        if spec is None
+        else {"name": spec.name, "bytes": spec.bytes, "fits": est.fits()},
+    }
+    if setup.model.experts is not None:
+        out["moe"] = moe_dict(est)
+    return out
+
+
+def moe_dict(est: Estimate) -> dict[str, object]:
+    """A mixture-of-experts estimate's parameters (total, active per token, routed experts)
+    and the groups its states are sharded over (:mod:`vrammath.terms.moe.params`)."""
+
+    setup = est.setup
+    summary = param_summary(setup.model)
+    return {
+        "total_params": summary["total"],
+        "active_params": summary["active"],
+        "routed_expert_params": summary["routed_experts"],
+        "ep": setup.ep,
+        "groups": {
+            "data_parallel": setup.gpus,
+            "expert_parallel": setup.ep,
+            "expert_data_parallel": setup.gpus // setup.ep,
+        },
+    }
+
+
+def estimate_table(est: Estimate) -> str:
+    """A plain-text breakdown table, GB (1e9 bytes) and GiB (2**30 bytes) side by side."""
+    rows = [("component", "device", "GB (1e9 B)", "GiB (2^30 B)", "formula")]
+    for c in est.components:
+        if c.bytes is None:
+            rows.append((c.label, c.device, "not estimated", "", c.note))
+        else:
+            expr = "" if c.expr is None else _text(c.expr)
+            rows.append((c.label, c.device, fmt_gb(c.bytes), fmt_gib(c.bytes), expr))
+    for phase, value in est.phases.items():
+        rows.append((f"phase: {phase}", "gpu", fmt_gb(value), fmt_gib(value), ""))
+    rows.append(
+        (
+            f"peak per GPU ({est.peak_phase})",
+            "gpu",
+            fmt_gb(est.gpu_bytes),
+            fmt_gib(est.gpu_bytes),
+            "",
+        )
+    )
+    if est.cpu_bytes:
+        rows.append(
+            ("total CPU per rank", "cpu", fmt_gb(est.cpu_bytes), fmt_gib(est.cpu_bytes), "")
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    spec = est.gpu_spec
+    if spec is not None:
+        verdict = "fits" if est.fits() else "does NOT fit"
+        free = spec.bytes - est.gpu_bytes
+        # a shortfall is said as such, never as a negative size
+        room = "headroom" if free >= 0 else "short by"
+        lines.append(
+            f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}, "
+            f"{room} {fmt_gb(abs(free))} / {fmt_gib(abs(free))}"
+        )
+    if est.unestimated:
+        lines.append("not estimated: " + ", ".join(est.unestimated) + " (totals exclude them)")
+    lines.append(
+        "not counted: CUDA context, cuBLAS/NCCL workspaces, allocator rounding and "
+        "fragmentation (reserve them: vrammath fit --reserve-gib, budget.DEFAULT_RESERVE_BYTES)"
+    )
+    return "\n".join(lines)
+
+
+def serve_dict(est: ServeEstimate) -> dict[str, object]:
+    """Machine-readable form (bytes as integers)."""
+    s = est.setup
+    spec = est.gpu_spec
+    return {
+        "model": s.model.name,
+        "setup": field_values(s),
+        "weights_bytes": est.weights_bytes,
+        "quant_constants_bytes": est.quant_constants_bytes,
+        "kv_cache_bytes": est.kv_bytes,
+        "kv_cache_expr": _text(est.kv_expr),
+        "kv_bytes_per_token": est.per_token_bytes,
+        "reserve_bytes": est.reserve_bytes,
+        "total_bytes": est.total_bytes,
+        "gpu": None
+        if spec is None
+        else {
+            "name": spec.name,
+            "bytes": spec.bytes,
+            "fits": est.fits(),
+            "kv_budget_bytes": est.kv_budget_bytes,
+            "max_batch_at_context": est.max_batch(),
+            "max_context_at_batch": est.max_context(),
+        },
+    }
+
+
+def serve_table(est: ServeEstimate) -> str:
+    """Plain-text breakdown, GB (1e9) and GiB (2**30) side by side."""
+    s = est.setup
+    rows = [
+        (f"weights ({s.weights}, per GPU)", est.weights_bytes, ""),
+        ("quantization constants", est.quant_constants_bytes, ""),
+        (
+            f"KV cache ({s.batch} x {s.context} tokens, {s.kv_dtype})",
+            est.kv_bytes,
+            str(est.kv_expr),
+        ),
+    ]
+    if est.gpu_spec is not None:
+        rows.append(
+            (
+                f"runtime reserve ({1 - s.gpu_util:.0%} of the GPU)",
+                est.reserve_bytes,
+                "not for weights or KV",
+            )
+        )
+    lines = [f"{'component':44} {'GB (1e9 B)':>12} {'GiB (2^30 B)':>13}  formula"]
+    for label, value, formula in rows:
+        lines.append(f"{label:44} {fmt_gb(value):>12} {fmt_gib(value):>13}  {formula}".rstrip())
+    total = est.total_bytes
+    lines.append(f"{'weights + KV cache per GPU':44} {fmt_gb(total):>12} {fmt_gib(total):>13}")
+    if est.gpu_spec is not None:
+        total = est.total_with_reserve_bytes
+        label = "total per GPU with the runtime reserve"
+        lines.append(f"{label:44} {fmt_gb(total):>12} {fmt_gib(total):>13}")
+    lines.append(
+        f"KV cache per token per GPU: {est.per_token_bytes:,} bytes"
+        + (
+            ""
+            if est.block_bytes is None
+            else f"; block of {s.block} tokens: {est.block_bytes:,} bytes"
+        )
+    )
+    spec = est.gpu_spec
+    if spec is not None:
+        verdict = "fits" if est.fits() else "does NOT fit"
+        budget = est.kv_budget_bytes or 0
+        # a shortfall is said as such, never as a negative size
+        left = (
+            f"KV budget after weights and reserve {fmt_gb(budget)} / {fmt_gib(budget)}"
+            if budget >= 0
+            else f"weights and reserve exceed it by {fmt_gb(-budget)} / {fmt_gib(-budget)}"
+        )
+        lines.append(
+            f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}; {left}"
+        )
+        lines.append(
+            f"largest batch at {s.context} tokens: {est.max_batch()}; "
+            f"longest context at batch {s.batch}: {est.max_context():,} tokens"
+        )
+    return "\n".join(lines)
+
+
+__all__ = ["estimate_dict", "estimate_table", "serve_dict", "serve_table"]

@@ -1,0 +1,177 @@
+"""Weights in their serving format: 16-bit, LLM.int8, GPTQ/AWQ int4 or NF4, one GPU's share.
+
+The bytes of the weights a server holds, codes and quantization constants apart, whole or
+one GPU's share under Megatron-style tensor parallelism as vLLM shards them.
+
+Examples
+========
+
+>>> from vrammath.model.presets import load_model
+>>> serving_weight_bytes(load_model("llama-2-7b"), "int4")
+{'weights': 3762823168, 'quant_constants': 126484480}
+
+References
+==========
+
+.. [1] Frantar et al. 2022, "GPTQ", arXiv:2210.17323; Lin et al. 2023, "AWQ", arXiv:2306.00978
+   (4-bit weights with one fp16 scale and a 4-bit zero point per group of 128 inputs).
+.. [2] vLLM, ``vllm/model_executor/models/mixtral.py`` (``MixtralMoE``: the router is a
+   ``ReplicatedLinear`` built with ``quant_config=None``, the experts a ``FusedMoE`` built with
+   the checkpoint's ``quant_config``), ``vllm/model_executor/layers/quantization/gptq.py``,
+   ``awq.py`` and ``bitsandbytes.py`` (``BitsAndBytesMoEMethod``): a quantized serving
+   checkpoint quantizes every linear layer of the decoder, routed experts included; GPTQModel /
+   AutoAWQ leave ``lm_head`` and the embeddings in 16 bits.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from vrammath.model.params import Tensor, param_count, size_values, tensors
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import one_of, positive_int
+from vrammath.notation.symbols import P, a, a_kv, t
+from vrammath.notation.vocab import SERVE_WEIGHTS
+from vrammath.serve.kv_cache import kv_heads_per_gpu_expr
+from vrammath.terms.lora.quant import kind_rule, quant_tensor_exprs
+
+INT4_GROUP = 128  # GPTQ / AWQ default group size
+
+#: What a quantized serving checkpoint (GPTQ / AWQ int4, bitsandbytes NF4 and LLM.int8, as vLLM
+#: loads them; sources in the module's references) does with each kind of parameter: quantize
+#: its matrices, or keep them in 16 bits. Biases (1-D) stay in 16 bits whatever the kind.
+#: A kind not named here is refused rather than guessed.
+SERVE_QUANT_RULES: dict[str, bool] = {
+    "embedding": False,  # the input embedding is a lookup table, not a linear layer
+    "positions": False,
+    "attention": True,  # q/k/v/o, fused qkv, MLA's five projections
+    "mlp": True,
+    "shared_experts": True,
+    "experts": True,  # every routed expert's gate/up/down matrices (FusedMoE with quant_config)
+    "router": False,  # vLLM builds the router with quant_config=None
+    "norms": False,
+    "head": False,  # lm_head is excluded by GPTQModel, AutoAWQ and bitsandbytes
+}
+
+
+def _in_out(spec: ModelSpec, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr]:
+    # nn.Linear stores (out, in); GPT-2's own Conv1D module stores (in, out).
+    if spec.model_type == "gpt2":
+        return tensor.shape[0], tensor.shape[1]
+    return tensor.shape[1], tensor.shape[0]
+
+
+def serve_matrices(spec: ModelSpec) -> list[tuple[Tensor, bool]]:
+    """Every parameter tensor as a serving checkpoint stores it, with whether it is quantized.
+
+    A stacked expert tensor ``(E, out, in)`` is ``E`` matrices ``(out, in)``, each quantized on
+    its own (its own groups, its own row scales), as a checkpoint stores one per expert.
+
+    >>> from vrammath.model.presets import load_model
+    >>> [(m.name, m.shape, m.count, q) for m, q in serve_matrices(load_model("mixtral-8x7b"))
+    ...  if m.component in ("experts", "router")]  # doctest: +NORMALIZE_WHITESPACE
+    [('mlp.gate.weight', (E, h), L_e, False),
+     ('mlp.experts.gate_up_proj', (2*I_e, h), E*L_e, True),
+     ('mlp.experts.down_proj', (h, I_e), E*L_e, True)]
+    """
+    out: list[tuple[Tensor, bool]] = []
+    for tensor in tensors(spec):
+        rule = kind_rule(SERVE_QUANT_RULES, tensor, "weights", "serving-format")
+        quantized = rule and len(tensor.shape) >= 2
+        stored = tensor
+        if tensor.component == "experts" and len(tensor.shape) == 3:
+            experts, rows, cols = tensor.shape
+            stored = Tensor(tensor.name, (rows, cols), tensor.count * experts, tensor.component)
+        out.append((stored, quantized))
+    return out
+
+
+def _tp_share(tensor: Tensor) -> sympy.Expr:
+    """Fraction of a tensor one GPU holds under Megatron-style tensor parallelism (vLLM)."""
+    name = tensor.name
+    if tensor.component == "norms" or name.endswith("o_proj.bias") or "down_proj.bias" in name:
+        return sympy.Integer(1)  # replicated
+    # vLLM replicates the MoE router, Qwen2-MoE's shared-expert gate and MLA's down-projections
+    replicated = ("mlp.gate.weight", "shared_expert_gate", "q_a_proj", "kv_a_proj_with_mqa")
+    if any(part in name for part in replicated):
+        return sympy.Integer(1)
+    if ".k_proj." in name or ".v_proj." in name:
+        return kv_heads_per_gpu_expr() / a_kv
+    if ".qkv_proj." in name:  # fused (Phi-3): Q split over t, K and V as their heads are
+        return (a / t + 2 * kv_heads_per_gpu_expr()) / (a + 2 * a_kv)
+    if "c_proj.bias" in name:
+        return sympy.Integer(1)
+    return 1 / t
+
+
+def serving_weight_exprs(
+    spec: ModelSpec, weights: str = "bf16", *, tp: bool = False, group: int = INT4_GROUP
+) -> dict[str, sympy.Expr]:
+    """Bytes of the weights (codes + 16-bit parts) and of their quantization constants.
+
+    * ``fp16`` / ``bf16``: 2 bytes per parameter.
+    * ``int8``: bitsandbytes LLM.int8: int8 codes and an fp32 scale per output row.
+    * ``int4``: GPTQ/AWQ layout: packed 4-bit codes, an fp16 scale and a packed 4-bit zero
+      point per ``group`` inputs of every output (2.5 bytes per group; GPTQ's optional ``g_idx``,
+      4 bytes per input row, is not counted).
+    * ``nf4``: bitsandbytes NF4 with double quantization (see :mod:`vrammath.terms.lora.quant`).
+
+    What is quantized follows :data:`SERVE_QUANT_RULES`: every linear layer of the decoder,
+    routed experts included (each expert's matrices on their own); embeddings, the LM head, the
+    router, norms and biases stay in 16 bits. With ``tp`` each GPU holds ``1/t`` of every
+    sharded matrix (an expert's intermediate dimension too, as vLLM's tensor-parallel MoE
+    splits it), a full copy of the norms, the router (and of row-parallel biases), and
+    ``max(1, a_kv // t)`` heads of k and v.
+
+    >>> from vrammath.model.presets import load_model
+    >>> serving_weight_exprs(load_model("llama-7b"))
+    {'weights': 2*P, 'quant_constants': 0}
+    """
+    if weights not in SERVE_WEIGHTS:
+        raise one_of("weights", weights, SERVE_WEIGHTS)
+    positive_int("group", group)
+    if weights in ("fp16", "bf16") and not tp:
+        return {"weights": 2 * P, "quant_constants": sympy.Integer(0)}
+    codes = sympy.Integer(0)
+    consts = sympy.Integer(0)
+    for tensor, quantized in serve_matrices(spec):
+        share = _tp_share(tensor) if tp else sympy.Integer(1)
+        if not quantized or weights in ("fp16", "bf16"):
+            codes += tensor.count * share * 2 * tensor.numel
+            continue
+        if weights == "int4":
+            fan_in, fan_out = _in_out(spec, tensor)
+            c = tensor.numel / 2
+            k = fan_out * sympy.ceiling(fan_in / group) * sympy.Rational(5, 2)
+        else:
+            c, k = quant_tensor_exprs(tensor, "nf4" if weights == "nf4" else "int8")
+        codes += tensor.count * share * c
+        consts += tensor.count * share * k
+    return {
+        "weights": sympy.factor_terms(sympy.expand(codes)),
+        "quant_constants": sympy.factor_terms(sympy.expand(consts)),
+    }
+
+
+def serving_weight_bytes(
+    spec: ModelSpec, weights: str = "bf16", *, tp: int = 1, group: int = INT4_GROUP
+) -> dict[str, int]:
+    """:func:`serving_weight_exprs` evaluated for one GPU (rounded up).
+
+    >>> from vrammath.model.presets import load_model
+    >>> serving_weight_bytes(load_model("llama-2-70b"), "bf16", tp=8)["weights"]
+    17246470144
+    """
+    exprs = serving_weight_exprs(spec, weights, tp=tp > 1, group=group)
+    values = {**size_values(spec), P: param_count(spec), t: positive_int("tp", tp)}
+    return {k: int(sympy.ceiling(v.subs(values))) for k, v in exprs.items()}
+
+
+__all__ = [
+    "INT4_GROUP",
+    "SERVE_QUANT_RULES",
+    "SERVE_WEIGHTS",
+    "serve_matrices",
+    "serving_weight_bytes",
+    "serving_weight_exprs",
+]

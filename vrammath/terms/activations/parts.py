@@ -1,0 +1,142 @@
+"""What every activation formula shares: the option names, bytes per element, norms' kept bytes.
+
+The precisions, attention implementations, parallelisms and schedules the formulas of
+:mod:`vrammath.terms.activations.model`, :mod:`vrammath.terms.korthikanti.dense`, :mod:`vrammath.terms.activations.layer`,
+:mod:`vrammath.terms.activations.gpt` and :mod:`vrammath.terms.activations.peaks` accept, the bytes per element of the
+compute dtype, the residual stream and a dropout mask, and the bytes one norm keeps for backward.
+
+Examples
+========
+
+>>> PRECISIONS
+('fp32', 'bf16', 'fp16', 'autocast-bf16', 'autocast-fp16')
+>>> SDPA_GQA_MAX_HEAD_DIM
+256
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import sympy
+
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.symbols import a, b, d, h, s
+
+Parallel = Literal["none", "tp", "tp_sp"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "interleaved"]
+Attention = Literal["eager", "sdpa"]
+Precision = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
+HfRecompute = Literal["none", "full"]
+
+PARALLEL: tuple[str, ...] = ("none", "tp", "tp_sp")
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved")
+ATTENTIONS: tuple[str, ...] = ("eager", "sdpa")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")
+HF_RECOMPUTE: tuple[str, ...] = ("none", "full")
+
+Number: TypeAlias = int | sympy.Expr
+
+
+def _check(field: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise one_of(field, value, allowed)
+
+
+def _number(field: str, value: object) -> sympy.Expr:
+    """An int or a sympy expression as an expression; anything else (a string) is refused."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return sympy.Integer(value)
+    if isinstance(value, sympy.Expr):
+        return value
+    raise InputError(field, "must be an int or a sympy expression", got=value)
+
+
+#: head_dim above which transformers' SDPA path repeats K/V instead of passing enable_gqa.
+SDPA_GQA_MAX_HEAD_DIM = 256
+
+
+def _precision(precision: str) -> tuple[int, bool]:
+    """(compute bytes, autocast?) of a precision name."""
+    _check("precision", precision, PRECISIONS)
+    if precision == "fp32":
+        return 4, False
+    return 2, precision.startswith("autocast")
+
+
+def _residual_bytes(precision: str) -> int:
+    """Bytes per element of the residual stream: the parameters' dtype (fp32 under autocast)."""
+    compute, autocast = _precision(precision)
+    return 4 if autocast else compute
+
+
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
+
+
+def _dropout_mask_bytes(c: int, device: str) -> int:
+    """Bytes per element of a dropout mask: CUDA's fused ``native_dropout`` keeps a bool mask;
+    on a CPU dropout multiplies by a noise tensor of the input's dtype (c bytes)."""
+    return c if device == "cpu" else 1
+
+
+def _math_kernel_dropout_kept() -> tuple[sympy.Expr, sympy.Expr]:
+    """(Q/K/V, scores) bytes SDPA keeps on a CPU with dropout on the probabilities.
+
+    PyTorch's CPU flash kernel has no dropout, so SDPA runs its math kernel: it upcasts 16-bit
+    Q, K and V to fp32, scales Q and K (new tensors), repeats K and V to a heads (GQA), and
+    keeps the scaled Q and K and the repeated V (12 a d bytes per token), the fp32 softmax
+    output, dropout's fp32 noise and the dropped-out fp32 probabilities (12 a s^2 b); it keeps
+    no log-sum-exp (measured on a CPU, fp32, bf16 and autocast alike). On CUDA the flash and
+    memory-efficient kernels apply dropout inside and keep only the log-sum-exp.
+    """
+    return 12 * s * b * a * d, 12 * a * s**2 * b
+
+
+def _norm_kept(spec: ModelSpec, precision: str, device: str) -> sympy.Expr:
+    """Bytes one norm of ``spec.norms.kind`` keeps for backward.
+
+    RMSNorm (transformers' LLaMA) upcasts its input to fp32 and keeps it (4sbh), the normalised
+    tensor the weight multiplies, in the parameters' dtype (2sbh for pure 16-bit, 4sbh for fp32
+    and autocast), and the inverse RMS (4bs). LayerNorm keeps its input (c sbh) and its mean and
+    inverse std (S bs each): fp32 on CUDA (S = 4), the input's dtype on a CPU (S = c).
+    """
+    c, autocast = _precision(precision)
+    sb = s * b
+    if spec.norms.kind == "rmsnorm":
+        normalised = 4 if c == 4 or autocast or spec.norms.weight_fp32 else 2
+        return 4 * sb * h + normalised * sb * h + 4 * b * s
+    kept = 4 if autocast else c  # under autocast LayerNorm runs on the fp32 residual stream
+    stats = kept if device == "cpu" else 4
+    return kept * sb * h + 2 * stats * b * s
+
+
+def _unit_offset_norm_kept() -> sympy.Expr:
+    """Bytes one Gemma RMSNorm keeps: it computes in fp32 whatever the dtype.
+
+    Its fp32 input (a copy for 16-bit models, the input itself in fp32), the inverse RMS (4bs),
+    the fp32 normalised tensor that multiplies ``1 + weight`` and that fp32 vector (4h): the
+    cast back to the model's dtype keeps nothing.
+    """
+    return 8 * s * b * h + 4 * b * s + 4 * h
+
+
+__all__ = [
+    "ATTENTIONS",
+    "DEVICES",
+    "HF_RECOMPUTE",
+    "PARALLEL",
+    "PRECISIONS",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "SDPA_GQA_MAX_HEAD_DIM",
+    "Attention",
+    "HfRecompute",
+    "Number",
+    "Parallel",
+    "Precision",
+    "Recompute",
+    "Schedule",
+]

@@ -1,0 +1,120 @@
+"""Sharding and parallelism: ZeRO stages 0-3 (and FSDP's names for them), CPU offload, and the
+bytes-per-parameter conventions of the estimators people use.
+
+ZeRO partitions the model states over ``N_d`` data-parallel ranks: stage 1 the optimizer states
+(master weights included), stage 2 also the gradients, stage 3 also the weights. FSDP's
+``NO_SHARD``, ``SHARD_GRAD_OP`` and ``FULL_SHARD`` are stages 0, 2 and 3.
+
+Examples
+========
+
+>>> from vrammath.notation.symbols import P, N_d, K
+>>> zero_paper_bytes(2)
+2*P + P*(K + 2)/N_d
+>>> [round(float(zero_paper_bytes(k).subs({P: 7.5e9, N_d: 64, K: 12})) / 1e9, 2) for k in (1, 2, 3)]
+[31.41, 16.64, 1.88]
+
+References
+==========
+
+.. [1] Rajbhandari et al. 2020, "ZeRO", arXiv:1910.02054, section 5 and Table 1.
+.. [2] Ren et al. 2021, "ZeRO-Offload", arXiv:2101.06840.
+.. [3] Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from vrammath.notation.errors import InputError
+from vrammath.notation.symbols import K, N_d, P
+
+STAGES = (0, 1, 2, 3)
+FSDP_STRATEGIES = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3}
+CONVENTIONS = ("paper", "deepspeed", "megatron", "megatron-distopt")
+
+
+def zero_stage(value: int | str) -> int:
+    """A ZeRO stage from ``0``-``3`` or an FSDP sharding-strategy name.
+
+    >>> zero_stage("FULL_SHARD"), zero_stage("2")
+    (3, 2)
+    """
+    if isinstance(value, bool):
+        raise InputError("zero", "must be 0, 1, 2, 3 or " + ", ".join(FSDP_STRATEGIES), got=value)
+    if isinstance(value, int) and value in STAGES:
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text in {"0", "1", "2", "3"}:
+            return int(text)
+        # ASCII only: str.upper() maps "ſ" (long s) to "S" and "ı" to "I"
+        if text.isascii() and text.upper() in FSDP_STRATEGIES:
+            return FSDP_STRATEGIES[text.upper()]
+    raise InputError("zero", "must be 0, 1, 2, 3 or " + ", ".join(FSDP_STRATEGIES), got=value)
+
+
+def zero_paper_bytes(stage: int) -> sympy.Expr:
+    """Per-device model-state bytes exactly as ZeRO's section 5 writes them (2 + 2 + K bytes).
+
+    Stage 0 (plain data parallelism) ``(2 + 2 + K) P``; P_os ``4P + KP/N_d``;
+    P_os+g ``2P + (2 + K)P/N_d``; P_os+g+p ``(4 + K)P/N_d``. ``K = 12`` for mixed-precision Adam.
+    """
+    stage = zero_stage(stage)
+    return {
+        0: (2 + 2 + K) * P,
+        1: 4 * P + K * P / N_d,
+        2: 2 * P + (2 + K) * P / N_d,
+        3: (4 + K) * P / N_d,
+    }[stage]
+
+
+def zero_communication_elements(stage: int) -> sympy.Expr:
+    """Elements each rank sends and receives per step: 2P (all-reduce = reduce-scatter +
+    all-gather) for stages 0-2, 3P for stage 3 (parameters gathered in forward and backward)."""
+    return 3 * P if zero_stage(stage) == 3 else 2 * P
+
+
+def convention_bytes(
+    convention: str, stage: int = 0, largest_layer: sympy.Expr | None = None
+) -> sympy.Expr:
+    """Per-GPU model-state bytes under another tool's published convention (Adam, 16-bit).
+
+    * ``paper``: ZeRO's 2 + 2 + 12 (see :func:`zero_paper_bytes`).
+    * ``deepspeed``: DeepSpeed's estimators count 18 bytes/parameter of sharded state -- fp16
+      gradient 2 + fp32 gradient 4 + fp32 master 4 + Adam 8 -- on top of the fp16 weights: ZeRO-2
+      ``2P + 18P/N_d``; ZeRO-3 ``4 * largest_layer + 18P/N_d`` (the gathered largest layer).
+    * ``megatron``: Megatron-LM's ``theoretical_memory_usage``: 18 bytes/parameter (bf16 weight
+      2, fp32 main_grad 4, fp32 master 4, Adam 8), not sharded.
+    * ``megatron-distopt``: with the distributed optimizer, ``6 + 12/N_d``.
+
+    >>> convention_bytes("megatron-distopt")
+    6*P + 12*P/N_d
+    """
+    if convention == "paper":
+        return zero_paper_bytes(stage).subs(K, 12)
+    if convention == "deepspeed":
+        stage = zero_stage(stage)
+        if stage == 3:
+            if largest_layer is None:
+                raise InputError("largest_layer", "is required for DeepSpeed's ZeRO-3 estimate")
+            return 4 * largest_layer + 18 * P / N_d
+        if stage == 2:
+            return 2 * P + 18 * P / N_d
+        raise InputError("zero", "DeepSpeed's estimators cover stages 2 and 3", got=stage)
+    if convention == "megatron":
+        return 18 * P
+    if convention == "megatron-distopt":
+        return 6 * P + 12 * P / N_d
+    raise InputError("convention", "must be one of " + ", ".join(CONVENTIONS), got=convention)
+
+
+__all__ = [
+    "CONVENTIONS",
+    "FSDP_STRATEGIES",
+    "STAGES",
+    "convention_bytes",
+    "zero_communication_elements",
+    "zero_paper_bytes",
+    "zero_stage",
+]
