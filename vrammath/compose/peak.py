@@ -76,7 +76,7 @@ class Groups:
     transients; ``in_flight`` what is in flight through forward and backward (ZeRO-3's gathered
     layers, a dequantized matrix), ``reduce`` what only backward adds (one layer's unsharded
     gradients before the reduce-scatter) and ``outputs`` the model output the training loop
-    keeps (logits + loss, :func:`vrammath.compose.table.kept_outputs`; 0 for a loop that keeps the loss
+    keeps (logits + loss, :func:`vrammath.compose.builders.kept_outputs`; 0 for a loop that keeps the loss
     only).
     """
 
@@ -250,7 +250,7 @@ def hf_phase_peaks(
       (:func:`vrammath.terms.moe.peaks.moe_phase_candidates`), beside a dense layer's where the model
       has dense layers.
     * With ``groups.outputs`` (the loop keeps the model output) every phase adds it
-      (:func:`vrammath.compose.table.kept_outputs`).
+      (:func:`vrammath.compose.builders.kept_outputs`).
     * ``step_peak`` = W + O + G + T. In the first iteration O is created inside this step and is
       absent before it.
 

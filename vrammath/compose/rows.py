@@ -180,7 +180,7 @@ Builder = Callable[[Context], sympy.Expr | None]
 Text = str | Callable[[Context], str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Term:
     """One memory term: a row of :data:`vrammath.compose.table.TERMS`.
 
