@@ -357,8 +357,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Symbol|Expr|Basic|Rational|Integer|Float|Number|Matrix|Eq|Piecewise)"),
     (r"py:.*", r"(sympy\.core\..*|sympy\.[a-z_.]+)"),
     # autodoc splits the default of estimate(terms=TERMS) at the comma of tuple[Term, ...]
-    (r"py:class", r"tuple\[~vrammath\.(terms|term_context)\.Term"),
-    (r"py:class", r"(vrammath\.vocab\._S|callable|sequence|iterable)"),
+    (r"py:class", r"tuple\[~vrammath\.compose\.(table|rows)\.Term"),
+    (r"py:class", r"(vrammath\.notation\.vocab\._S|callable|sequence|iterable)"),
     # the values of Literal types in signatures (e.g. "sdpa"): choices, not classes
     (r"py:class", r'".*"'),
     (r"py:class", r"(int|float|str|bool|bytes|object|dict|list|tuple|set|frozenset|None)"),
