@@ -103,7 +103,7 @@ def formula_exprs(
     impl = implementation
     precision = PRECISION_OF[check("recipe", recipe, RECIPE_NAMES)]
     hf_terms = ("activations", "logits", "phases")
-    if term in hf_terms and spec.model_type == "gpt2" and precision.startswith("autocast"):
+    if term in hf_terms and spec.conv1d and precision.startswith("autocast"):
         raise InputError("recipe", "autocast is not derived for GPT-2's activations", recipe)
     if term == "params":
         return {**param_exprs(spec), "total": param_total_expr(spec)}

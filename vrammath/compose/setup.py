@@ -350,7 +350,7 @@ class Setup:
         precision = PRECISION_OF[self.recipe]
         if (
             self.activation_formula == "hf"
-            and self.model.model_type == "gpt2"
+            and self.model.conv1d
             and precision.startswith("autocast")
         ):
             raise InputError(

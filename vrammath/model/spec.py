@@ -103,6 +103,9 @@ class Attention:
     output_dropout: float = 0.0
     fused_qkv_linear: bool = False
     qk_norm: QKNorm = "none"
+    frame_mask: bool = False
+    """The model also builds a boolean (1, 1, s, s) sliding-window mask it never uses (Qwen2-MoE),
+    held through the layers."""
     rope_fp32: bool = False
 
     @property
@@ -155,6 +158,7 @@ class Norms:
 # ---------------------------------------------------------------------------------------------
 
 Scoring = Literal["softmax", "sigmoid"]
+MoeBlock = Literal["top-k", "deepseek-v3"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,15 @@ class Experts:
     router's weight is kept in fp32 whatever the model's dtype (DeepSeek-V3's
     ``_keep_in_fp32_modules_strict``). ``layers`` are the 0-based indices of the MoE layers; the
     other layers have the dense :class:`MLP`.
+
+    How transformers runs the block: ``block`` is ``top-k`` (Mixtral's and Qwen's router and
+    experts) or ``deepseek-v3`` (``DeepseekV3MoE``: sigmoid scores, group-limited top-k, an fp32
+    router input); ``routing_weight_bytes`` the bytes of each routing weight the combine keeps
+    (Mixtral's and DeepSeek-V3's stay fp32, Qwen's are cast to the model's 16-bit dtype);
+    ``expert_names`` one expert's gate, up and down projections as a quantized base names them
+    (Mixtral's ``w1``, ``w3``, ``w2``); ``peft_v4_names`` the names transformers 4 gave them,
+    which peft 0.21.2 rewrites onto the 3-D experts (None: peft keeps the model's own names, as
+    on Qwen2-MoE).
 
     >>> Experts(count=8, top_k=2, intermediate=14336, layers=tuple(range(32))).active_fraction
     Fraction(1, 4)
@@ -188,6 +201,10 @@ class Experts:
     groups: int = 1
     groups_chosen: int = 1
     """The groups chosen in DeepSeek-V3's group-limited routing (``topk_group`` of ``n_group``)."""
+    block: MoeBlock = "top-k"
+    routing_weight_bytes: int = 2
+    expert_names: tuple[str, str, str] = ("gate", "up", "down")
+    peft_v4_names: tuple[str, str, str] | None = None
 
     @property
     def active_fraction(self) -> Fraction:
@@ -313,6 +330,12 @@ class ModelSpec:
     def mlp_bias(self) -> bool:
         """The MLP's linear layers have biases."""
         return self.mlp.bias
+
+    @property
+    def conv1d(self) -> bool:
+        """GPT-2's block: a fused QKV with learned positions, whose ``Conv1D`` layers store their
+        weights (in, out) where ``nn.Linear`` stores (out, in)."""
+        return self.attention.fused_qkv and self.embeddings.learned_positions
 
     @property
     def norm(self) -> NormKind:

@@ -56,7 +56,7 @@ SERVE_QUANT_RULES: dict[str, bool] = {
 
 def _in_out(spec: ModelSpec, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr]:
     # nn.Linear stores (out, in); GPT-2's own Conv1D module stores (in, out).
-    if spec.model_type == "gpt2":
+    if spec.conv1d:
         return tensor.shape[0], tensor.shape[1]
     return tensor.shape[1], tensor.shape[0]
 

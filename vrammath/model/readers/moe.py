@@ -69,7 +69,14 @@ def _mixtral_extra(k: Keys) -> Extra:
     count, top_k = _routing(k, "num_local_experts")
     layers = k.size("num_hidden_layers")
     experts = Experts(
-        count, top_k, k.size("intermediate_size"), tuple(range(layers)), norm_topk=True
+        count,
+        top_k,
+        k.size("intermediate_size"),
+        tuple(range(layers)),
+        norm_topk=True,
+        routing_weight_bytes=4,
+        expert_names=("w1", "w3", "w2"),
+        peft_v4_names=("w1", "w3", "w2"),
     )
     return experts, None, 0
 
@@ -98,6 +105,7 @@ def _qwen_moe_extra(k: Keys, *, shared: bool) -> Extra:
         shared_intermediate=k.size("shared_expert_intermediate_size", 5632) if shared else 0,
         shared_gate=shared,
         norm_topk=k.flag("norm_topk_prob", False),
+        peft_v4_names=None if shared else ("gate_proj", "up_proj", "down_proj"),
     )
     return experts, None, 0
 
@@ -116,7 +124,8 @@ def _qwen2_moe(k: Keys) -> Parts:
     layers, embeddings, attention, mlp, norms = _decoder_parts(
         k, qkv_bias=False, o_bias=False, mlp_bias=False, window=None, window_layers=0
     )
-    attention = replace(attention, qkv_bias=k.flag("qkv_bias", True))
+    # transformers' Qwen2MoeModel builds a sliding-window mask even with the window off
+    attention = replace(attention, qkv_bias=k.flag("qkv_bias", True), frame_mask=True)
     return layers, embeddings, attention, mlp, norms
 
 
@@ -212,6 +221,9 @@ def _deepseek_v3_extra(k: Keys) -> Extra:
         scoring="sigmoid",
         groups=groups,
         groups_chosen=chosen,
+        block="deepseek-v3",
+        routing_weight_bytes=4,
+        peft_v4_names=("gate_proj", "up_proj", "down_proj"),
     )
     q_rank = k.size("q_lora_rank") if k.has("q_lora_rank") else None
     latent = LatentAttention(

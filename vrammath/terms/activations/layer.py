@@ -131,7 +131,7 @@ def hf_layer_terms(
     """
     if spec.attention.fused_qkv and not spec.embeddings.learned_positions:
         return neox_layer_terms(spec, attention, precision, device=device)
-    if spec.attention.fused_qkv:  # GPT-2's block (Conv1D c_attn, dropout everywhere)
+    if spec.conv1d:  # GPT-2's block (Conv1D c_attn, dropout everywhere)
         return gpt2_layer_terms(spec, attention, precision, gelu=gelu, device=device)
     _check("attention", attention, ATTENTIONS)
     _check("device", device, DEVICES)

@@ -252,7 +252,7 @@ def hf_top_layer_backward_bytes(
     """
     if attention != "eager" or spec.attention.fused_qkv:  # GPT-2 and GPT-NeoX blocks
         return None
-    if spec.norms.kind != "rmsnorm" and spec.model_type != "starcoder2":
+    if spec.norms.kind != "rmsnorm" and spec.mlp.gated:  # LayerNorm: StarCoder2's plain MLP only
         return None
     c, autocast = _precision(precision)
     if autocast:

@@ -84,7 +84,6 @@ from vrammath.terms.lora.targets import (
     HF_MODULES,
     MODULE_NAMES,
     MOE_TARGETS,
-    PEFT_RENAMED,
     TARGET_GROUPS,
     lora_targets,
 )
@@ -273,7 +272,7 @@ def _mlp_names(spec: ModelSpec) -> tuple[str, ...]:
     ex = spec.experts
     assert ex is not None
     dense = ex.shared_intermediate or len(ex.layers) < spec.layers
-    mlp = ("gate", "up", "down") if spec.model_type in PEFT_RENAMED or dense else ()
+    mlp = ("gate", "up", "down") if ex.peft_v4_names is not None or dense else ()
     return (*mlp, "router", "experts", *(("shared_gate",) if ex.shared_gate else ()))
 
 
@@ -294,7 +293,7 @@ def _expert_linears(
     """Adapted router, experts, shared experts and dense MLPs of a MoE model, as peft does it."""
     ex = spec.experts
     assert ex is not None
-    renamed = PEFT_RENAMED.get(spec.model_type)
+    renamed = ex.peft_v4_names
     has_linear_mlp = bool(ex.shared_intermediate) or len(ex.layers) < spec.layers
     mlp = [t for t in ("gate", "up", "down") if t in names or mlp_group]
     if whole and renamed is None and not has_linear_mlp:

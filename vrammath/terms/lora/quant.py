@@ -117,7 +117,7 @@ def quantized_tensors(spec: ModelSpec, *, experts: bool = False) -> list[Tensor]
     ]
     ex = spec.experts
     if experts and ex is not None:
-        names = ("w1", "w3", "w2") if spec.model_type == "mixtral" else ("gate", "up", "down")
+        names = ex.expert_names
         out += [
             Tensor(f"mlp.experts.{name}.weight", shape, E * L_e, "experts")
             for name, shape in zip(names, ((I_e, h), (I_e, h), (h, I_e)), strict=True)

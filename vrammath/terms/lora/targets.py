@@ -64,14 +64,6 @@ FUSED_MODULES = {"qkv": "self_attn.qkv_proj", "gate_up": "mlp.gate_up_proj"}
 # Hugging Face names accepted for the MoE/MLA targets (``_proj`` is stripped from the others)
 _ALIASES = {"kv_a_proj_with_mqa": "kv_a", "shared_expert_gate": "shared_gate"}
 
-PEFT_RENAMED = {
-    "mixtral": ("w1", "w3", "w2"),
-    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
-    "deepseek_v3": ("gate_proj", "up_proj", "down_proj"),
-}
-"""Model types whose MLP names peft 0.21.2 rewrites onto the 3-D experts, with the names it
-takes for gate, up and down (transformers 4's)."""
-
 
 def lora_targets(value: str | Sequence[str]) -> tuple[str, ...]:
     """Validated adapter targets in canonical order, from ``"q,v"``, ``"all-linear"`` or a list.
@@ -129,7 +121,6 @@ __all__ = [
     "LORA_TARGETS",
     "MODULE_NAMES",
     "MOE_TARGETS",
-    "PEFT_RENAMED",
     "TARGET_GROUPS",
     "lora_targets",
 ]

@@ -66,7 +66,7 @@ _Z = sympy.Integer(0)
 
 def _sizes(spec: ModelSpec) -> tuple[sympy.Expr, sympy.Expr, int, int, bool]:
     ex = spec.experts
-    if ex is None or spec.model_type != "deepseek_v3":
+    if ex is None or ex.block != "deepseek-v3":
         raise InputError("model", "must be a deepseek_v3 model", got=spec.name)
     n = b * s
     return n, n * k_e, ex.groups, ex.groups_chosen, ex.norm_topk

@@ -213,7 +213,7 @@ def moe_mlp_kept_exprs(spec: ModelSpec) -> dict[str, sympy.Expr]:
     router = 4 * n * E + 8 * rows + ((4 * rows + 4 * n) if ex.norm_topk else 0)
     if ex.scoring == "sigmoid":  # DeepSeek-V3's router runs on an fp32 copy of its input
         router += 4 * n * h
-    weight_bytes = 2 if spec.model_type in ("qwen2_moe", "qwen3_moe") else 4
+    weight_bytes = ex.routing_weight_bytes
     experts = 24 * rows + 4 * E + 4 * rows * h + 8 * rows * I_e + weight_bytes * rows
     shared = 8 * n * I_s if ex.shared_intermediate else sympy.Integer(0)
     if ex.shared_gate:

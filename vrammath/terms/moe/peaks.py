@@ -91,7 +91,8 @@ def _sizes() -> tuple[sympy.Expr, sympy.Expr]:
 def _weight_bytes(spec: ModelSpec) -> int:
     """Bytes of a routing weight: Mixtral's stay fp32, Qwen's are cast to bf16 (DeepSeek-V3's
     block is :mod:`vrammath.terms.moe.deepseek`' own)."""
-    return 4 if spec.model_type == "mixtral" else 2
+    assert spec.experts is not None
+    return spec.experts.routing_weight_bytes
 
 
 def _router_forward(spec: ModelSpec, *, saving: bool) -> list[sympy.Expr]:
@@ -324,7 +325,7 @@ def moe_phase_candidates(
     head = V * h + h  # the head's (or tied embedding's) and the final norm's gradients
     # Qwen2-MoE's model also builds a sliding-window mask it never uses: a boolean (1, 1, s, s)
     # held by the model's frame through the layers (SDPA cannot take it as is_causal)
-    frame_mask = s**2 if spec.model_type == "qwen2_moe" else 0
+    frame_mask = s**2 if spec.attention.frame_mask else 0
     forward: list[sympy.Expr] = []
     backward: list[sympy.Expr] = []
     if not ex.layers:
@@ -364,7 +365,7 @@ def _forward_candidates(
         entry = alive - moe_block_kept(spec) + frames + frame_mask
     else:  # the checkpoints, the residual and the block's input (not saved)
         entry = alive + 4 * n * h + frame_mask
-    if spec.model_type == "deepseek_v3":
+    if spec.experts is not None and spec.experts.block == "deepseek-v3":
         steps = deepseek_forward_steps(spec, saving=recompute == "none")
     else:
         steps = moe_forward_steps(spec, saving=recompute == "none")
@@ -386,7 +387,9 @@ def _backward_candidates(
     whose gradients exist when the block's backward starts."""
     n = b * s
     start = alive + 2 * n * h  # the incoming gradient
-    if spec.model_type == "deepseek_v3":  # its own block: vrammath.terms.moe.deepseek
+    if (
+        spec.experts is not None and spec.experts.block == "deepseek-v3"
+    ):  # its own block: vrammath.terms.moe.deepseek
         if recompute == "none":
             return _running(deepseek_backward_steps(spec), start, grads, G)
         # the first backward op (the shared experts' down projection) unpacks: the
