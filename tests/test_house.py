@@ -10,6 +10,7 @@ one function-local import is the CLI's of the ``measure`` extra (torch, transfor
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,13 @@ def test_no_import_circle() -> None:
 def test_modules_stay_small(module: str) -> None:
     lines = MODULES[module].read_text(encoding="utf-8").count("\n")
     assert lines <= MAX_LINES, f"{module}: {lines} lines"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_formulas_read_the_parts(module: str) -> None:
+    # a model type is the readers' business (and the measurement harness's, which builds the
+    # real transformers class of it): a formula reads the part the reader set
+    if module.startswith(("vrammath.model.readers", "vrammath.measure")):
+        return
+    text = MODULES[module].read_text(encoding="utf-8")
+    assert not re.search(r"model_type\s*(==|!=|in\b|not\s+in\b)", text), module

@@ -10,6 +10,10 @@ import pytest
 import sympy
 
 import vrammath as vm
+from vrammath.answers.moe_layouts import (
+    ep_state_bytes,
+    ep_state_exprs,
+)
 from vrammath.compose.setup import Setup
 from vrammath.model.params import layer_param_count, param_counts, rank_param_count, size_values
 from vrammath.model.presets import load_model
@@ -20,8 +24,6 @@ from vrammath.serve.kv_cache import kv_bytes_per_token, kv_cache_bytes, mla_kv_e
 from vrammath.serve.weights import serving_weight_bytes
 from vrammath.terms.moe.params import (
     active_param_count,
-    ep_state_bytes,
-    ep_state_exprs,
     mtp_param_count,
     param_summary,
 )

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from vrammath.answers.moe_layouts import (
     DEEPSEEK_V3_LAYOUT,
     deepseek_v3_training_memory,
+    ep_state_bytes,
+    ep_state_exprs,
     layout_memory,
 )
 from vrammath.model.params import param_count, rank_param_count
@@ -66,7 +68,7 @@ from vrammath.terms.moe.layout import (
     layout_state_exprs,
     rank_params,
 )
-from vrammath.terms.moe.params import ep_state_bytes, ep_state_exprs, mtp_param_count
+from vrammath.terms.moe.params import mtp_param_count
 
 
 def total(terms: dict[str, sympy.Expr]) -> sympy.Expr:

@@ -28,6 +28,8 @@ from vrammath.answers.moe_layouts import (
     DEEPSEEK_V3_LAYOUT,
     LayoutMemory,
     deepseek_v3_training_memory,
+    ep_state_bytes,
+    ep_state_exprs,
     layout_memory,
 )
 from vrammath.answers.plan import Plan, cheapest_fit, recompute_cost
@@ -169,6 +171,8 @@ __all__ = [
     "convention_bytes",
     "deepseek_v3_training_memory",
     "dtype_bytes",
+    "ep_state_bytes",
+    "ep_state_exprs",
     "estimate",
     "estimate_dict",
     "estimate_table",

@@ -60,8 +60,10 @@ class LayoutMemory:
 
     @property
     def total(self) -> int:
-        """Model states plus activations, bytes (each part rounded up)."""
-        return sum(self.states.values()) + sum(self.activations.values())
+        """Model states plus activations, bytes: the estimate's own totals
+        (:attr:`~vrammath.compose.estimate.Estimate.model_state_bytes` and
+        :attr:`~vrammath.compose.estimate.Estimate.activation_bytes`)."""
+        return self.estimate.model_state_bytes + self.estimate.activation_bytes
 
 
 def layout_setup(
@@ -209,10 +211,74 @@ def deepseek_v3_training_memory(
     )
 
 
+STATES = ("weights", "gradients", "master", "optimizer")
+
+
+def ep_state_bytes(
+    spec: ModelSpec,
+    recipe_name: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    *,
+    zero: int = 0,
+    gpus: int = 1,
+    ep: int = 1,
+) -> dict[str, int]:
+    """Model-state bytes on one rank under expert parallelism ``ep`` and ZeRO stage ``zero``
+    over ``gpus`` data-parallel ranks: the state rows of :func:`vrammath.compose.estimate.estimate`
+    (the one composition) for that setup, 0 for a state the recipe lacks.
+
+    >>> from vrammath.model.presets import load_model
+    >>> s = ep_state_bytes(load_model("deepseek-v3"), zero=1, gpus=2048, ep=64)
+    >>> round(sum(s.values()) / 2**30, 2)  # GiB per GPU, no pipeline or tensor parallelism
+    105.89
+    """
+    setup = Setup(
+        spec,
+        recipe=check("recipe", recipe_name, RECIPE_NAMES),
+        optimizer=check("optimizer", optimizer, OPTIMIZERS),
+        zero=zero,
+        gpus=gpus,
+        ep=ep,
+    )
+    rows = {c.key: c.bytes or 0 for c in estimate(setup).components}
+    return {k: rows.get(k, 0) for k in STATES}
+
+
+def ep_state_exprs(
+    spec: ModelSpec, recipe_name: str, optimizer: str, zero: int
+) -> dict[str, sympy.Expr]:
+    """:func:`ep_state_bytes` as expressions in ``P``, ``P_e``, ``n_ep`` and ``N_d``: the state
+    rows of the estimate of an expert-parallel setup (the smallest ``n_ep > 1`` the experts
+    allow; the expressions do not depend on it).
+
+    >>> from vrammath.model.presets import load_model
+    >>> ep_state_exprs(load_model("mixtral-8x7b"), "bf16-mixed", "adamw", 1)["optimizer"]
+    8*P/N_d
+    >>> ep_state_exprs(load_model("mixtral-8x7b"), "bf16-mixed", "adamw", 0)["weights"]
+    2*P - 2*P_e + 2*P_e/n_ep
+    """
+    if spec.experts is None:
+        raise InputError("model", "has no experts", got=spec.name)
+    ep = next(n for n in range(2, spec.experts.count + 1) if spec.experts.count % n == 0)
+    setup = Setup(
+        spec,
+        recipe=check("recipe", recipe_name, RECIPE_NAMES),
+        optimizer=check("optimizer", optimizer, OPTIMIZERS),
+        zero=zero,
+        gpus=ep,
+        ep=ep,
+    )
+    rows = {c.key: c.expr for c in estimate(setup).components}
+    return {k: rows.get(k) or sympy.Integer(0) for k in STATES}
+
+
 __all__ = [
     "DEEPSEEK_V3_LAYOUT",
+    "STATES",
     "LayoutMemory",
     "deepseek_v3_training_memory",
+    "ep_state_bytes",
+    "ep_state_exprs",
     "layout_memory",
     "layout_setup",
 ]

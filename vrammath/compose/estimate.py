@@ -43,7 +43,6 @@ from vrammath.model.params import rank_param_count
 from vrammath.model.presets import GPU, gpu
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import N_d, P, b, m, p, r, s, t
-from vrammath.terms.activations.model import MOE_ACTIVATION_TYPES
 from vrammath.terms.lora.linears import check_estimated_targets
 from vrammath.terms.moe.params import ep_replica_params, expert_values
 from vrammath.terms.states import state_values
@@ -257,14 +256,6 @@ def check_modelled(setup: Setup) -> None:
     if setup.korthikanti_moe:
         _check_korthikanti_moe(setup)
         return
-    if spec.experts is not None and spec.model_type not in MOE_ACTIVATION_TYPES:
-        raise InputError(
-            "model",
-            f"training estimates of {spec.model_type} are not modelled yet (estimated MoE: "
-            f"{', '.join(MOE_ACTIVATION_TYPES)}; parameters: vrammath.terms.moe.params.param_summary; "
-            "states: vrammath.terms.moe.params.ep_state_bytes; serving: vrammath serve)",
-            got=spec.name,
-        )
     if spec.latent is not None and setup.zero == 3:
         raise InputError(
             "zero",

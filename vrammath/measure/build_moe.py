@@ -2,7 +2,7 @@
 DeepSeek-V3).
 
 :mod:`vrammath.measure.build` asks here for the model types whose MoE training is estimated
-(:data:`vrammath.terms.activations.model.MOE_ACTIVATION_TYPES`). The experts run transformers' grouped
+(every reader that sets :class:`~vrammath.model.spec.Experts`). The experts run transformers' grouped
 matmul (``_experts_implementation = "grouped_mm"``), which takes bf16 inputs only; torch and
 transformers are imported inside the functions.
 """

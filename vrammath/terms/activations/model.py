@@ -213,7 +213,6 @@ def hf_activation_terms(
 
 # --- mixture-of-experts layers (vrammath.terms.moe.params) ---------------------------------------------------
 
-MOE_ACTIVATION_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 """MoE model types whose whole layer is derived: GQA attention as LLaMA's (with Qwen3's q/k
 norms) or DeepSeek-V3's latent attention (:mod:`vrammath.terms.activations.latent`), MoE MLP measured."""
 
@@ -225,13 +224,6 @@ def _moe_layers_bytes(
     (:func:`vrammath.terms.moe.params.moe_mlp_kept_exprs`; the block's output is freed by the residual add).
     Latent attention's layer is :func:`vrammath.terms.activations.latent.mla_layer_terms`."""
 
-    if spec.model_type not in MOE_ACTIVATION_TYPES:
-        raise InputError(
-            "model",
-            f"activations of {spec.model_type} are not derived yet "
-            f"(derived: {', '.join(MOE_ACTIVATION_TYPES)})",
-            got=spec.name,
-        )
     if precision != "bf16":
         raise InputError(
             "precision",

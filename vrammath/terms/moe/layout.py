@@ -171,7 +171,7 @@ def layout_state_exprs(
     tensor-parallel ranks, experts over ``e_p`` (the module's Explanation). ``copies`` is the
     stages each rank holds (2 for DualPipe).
 
-    At ``p = t = 1`` it is ``vrammath.terms.moe.params.ep_state_exprs``.
+    At ``p = t = 1`` it is :func:`vrammath.answers.moe_layouts.ep_state_exprs`.
 
     >>> layout_state_exprs("bf16-mixed", "adamw", zero=0)["master"]
     4*P/(p*t) - 4*P_e/(p*t) + 4*P_e/(n_ep*p*t)

@@ -59,11 +59,9 @@ from vrammath.model.params import _in_layer, layer_param_expr, param_count, size
 from vrammath.model.readers import divisors_text
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
-from vrammath.notation.symbols import E, I_e, I_s, L, L_e, N_d, P, P_e, b, h, k_e, n_ep, s
-from vrammath.terms.states import RECIPES, recipe
+from vrammath.notation.symbols import E, I_e, I_s, L, L_e, P, P_e, b, h, k_e, n_ep, s
 
 # ZeRO stage from which each model state is sharded (stage 1 shards master and optimizer states)
-_SHARDED_FROM = {"weights": 3, "gradients": 2, "master": 1, "optimizer": 1}
 _STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 
 
@@ -260,36 +258,6 @@ def check_ep(spec: ModelSpec, ep: int, gpus: int) -> None:
         )
 
 
-def ep_state_exprs(
-    spec: ModelSpec, recipe_name: str, optimizer: str, zero: int
-) -> dict[str, sympy.Expr]:
-    """Model-state bytes on one rank under expert parallelism ``n_ep`` and ZeRO stage ``zero``
-    over ``N_d`` data-parallel ranks (see the module's Explanation for the groups).
-
-    Only optimizers whose states are proportional to the parameters (Adam/AdamW, SGD) are
-    written here; the shape-dependent ones are refused.
-
-    >>> from vrammath.model.presets import load_model
-    >>> ep_state_exprs(load_model("mixtral-8x7b"), "bf16-mixed", "adamw", 1)["optimizer"]
-    8*P/N_d
-    >>> ep_state_exprs(load_model("mixtral-8x7b"), "bf16-mixed", "adamw", 0)["weights"]
-    2*P - 2*P_e + 2*P_e/n_ep
-    """
-    rec = recipe(recipe_name)
-    check_ep_optimizer(optimizer, 2)
-    width = {
-        "weights": rec.weights,
-        "gradients": rec.gradients,
-        "master": rec.master,
-        "optimizer": _STATE_TENSORS[optimizer] * rec.state,
-    }
-    out: dict[str, sympy.Expr] = {}
-    for state, bytes_ in width.items():
-        held = P / N_d if zero >= _SHARDED_FROM[state] else ep_replica_params()
-        out[state] = sympy.expand(bytes_ * held)
-    return out
-
-
 def ep_replica_params() -> sympy.Expr:
     """Parameters one rank holds of a state ZeRO does not shard, under expert parallelism: the
     dense part whole, the routed experts split over the ``n_ep`` expert-parallel ranks. (Once
@@ -338,32 +306,6 @@ def check_ep_optimizer(optimizer: str, ep: int) -> None:
         )
 
 
-def ep_state_bytes(
-    spec: ModelSpec,
-    recipe_name: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    *,
-    zero: int = 0,
-    gpus: int = 1,
-    ep: int = 1,
-) -> dict[str, int]:
-    """:func:`ep_state_exprs` evaluated (shards rounded up).
-
-    >>> from vrammath.model.presets import load_model
-    >>> spec = load_model("deepseek-v3")
-    >>> s = ep_state_bytes(spec, zero=1, gpus=2048, ep=64)
-    >>> round(sum(s.values()) / 2**30, 2)  # GiB per GPU, no pipeline or tensor parallelism
-    105.49
-    """
-    check_ep(spec, ep, gpus)
-    if recipe_name not in RECIPES:
-        recipe(recipe_name)
-    values = {**_values(spec), N_d: gpus, n_ep: ep}
-    values[P_e] = int(expert_param_expr(spec).subs(values)) if spec.experts is not None else 0
-    exprs = ep_state_exprs(spec, recipe_name, optimizer, zero)
-    return {k: int(sympy.ceiling(v.subs(values))) for k, v in exprs.items()}
-
-
 __all__ = [
     "active_param_count",
     "active_param_expr",
@@ -371,8 +313,6 @@ __all__ = [
     "check_ep_optimizer",
     "ep_layer_param_expr",
     "ep_replica_params",
-    "ep_state_bytes",
-    "ep_state_exprs",
     "expert_param_expr",
     "expert_values",
     "moe_mlp_kept_bytes",
