@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from vrammath.compose.estimate import Estimate, estimate
+from vrammath.compose.estimate import Component, Estimate, estimate
 from vrammath.compose.moe_stage import busiest_rank
 from vrammath.compose.setup import Setup
 from vrammath.model.presets import load_model
@@ -214,6 +214,15 @@ def deepseek_v3_training_memory(
 STATES = ("weights", "gradients", "master", "optimizer")
 
 
+def _ep_estimate(
+    spec: ModelSpec, recipe_name: str, optimizer: str, zero: int, gpus: int, ep: int
+) -> tuple[Component, ...]:
+    recipe_ = check("recipe", recipe_name, RECIPE_NAMES)
+    optimizer_ = check("optimizer", optimizer, OPTIMIZERS)
+    setup = Setup(spec, recipe=recipe_, optimizer=optimizer_, zero=zero, gpus=gpus, ep=ep)
+    return estimate(setup).components
+
+
 def ep_state_bytes(
     spec: ModelSpec,
     recipe_name: str = "bf16-mixed",
@@ -232,15 +241,7 @@ def ep_state_bytes(
     >>> round(sum(s.values()) / 2**30, 2)  # GiB per GPU, no pipeline or tensor parallelism
     105.89
     """
-    setup = Setup(
-        spec,
-        recipe=check("recipe", recipe_name, RECIPE_NAMES),
-        optimizer=check("optimizer", optimizer, OPTIMIZERS),
-        zero=zero,
-        gpus=gpus,
-        ep=ep,
-    )
-    rows = {c.key: c.bytes or 0 for c in estimate(setup).components}
+    rows = {c.key: c.bytes or 0 for c in _ep_estimate(spec, recipe_name, optimizer, zero, gpus, ep)}
     return {k: rows.get(k, 0) for k in STATES}
 
 
@@ -260,15 +261,7 @@ def ep_state_exprs(
     if spec.experts is None:
         raise InputError("model", "has no experts", got=spec.name)
     ep = next(n for n in range(2, spec.experts.count + 1) if spec.experts.count % n == 0)
-    setup = Setup(
-        spec,
-        recipe=check("recipe", recipe_name, RECIPE_NAMES),
-        optimizer=check("optimizer", optimizer, OPTIMIZERS),
-        zero=zero,
-        gpus=ep,
-        ep=ep,
-    )
-    rows = {c.key: c.expr for c in estimate(setup).components}
+    rows = {c.key: c.expr for c in _ep_estimate(spec, recipe_name, optimizer, zero, ep, ep)}
     return {k: rows.get(k) or sympy.Integer(0) for k in STATES}
 
 

@@ -68,30 +68,6 @@ class Option:
             raise InputError(self.name, f"must be an integer from {self.low} to {self.high}", value)
 
 
-def option(
-    flag: str | None,
-    help: str,
-    *,
-    choices: tuple[str, ...] = (),
-    low: int | None = None,
-    high: int | None = None,
-    kind: str = "value",
-    short: str | None = None,
-) -> dict[str, dict[str, object]]:
-    """The metadata of a declared field: ``field(default=..., metadata=option(...))``."""
-    return {
-        "option": {
-            "flag": flag,
-            "help": help,
-            "choices": choices,
-            "low": low,
-            "high": high,
-            "kind": kind,
-            "short": short,
-        }
-    }
-
-
 def declared(
     default: Any,
     flag: str | None,
@@ -110,8 +86,10 @@ def declared(
     if choices and "(default" not in help:
         help = f"{help}: {', '.join(choices)} (default {shown})"
     help = help.replace("{default}", shown)
-    meta = option(flag, help, choices=choices, low=low, high=high, kind=kind, short=short)
-    return dataclasses.field(default=default, metadata=meta)
+    meta = {"flag": flag, "help": help, "choices": choices, "low": low, "high": high}
+    return dataclasses.field(
+        default=default, metadata={"option": {**meta, "kind": kind, "short": short}}
+    )
 
 
 _OPTIONS: dict[type, tuple[Option, ...]] = {}
@@ -152,6 +130,5 @@ __all__ = [
     "Option",
     "check_bounds",
     "field_values",
-    "option",
     "options",
 ]
