@@ -60,7 +60,7 @@ class LayoutMemory:
 
     @property
     def total(self) -> int:
-        """Model states plus activations, bytes: the estimate's own totals
+        """Model states plus activations in bytes, the estimate's own totals
         (:attr:`~vrammath.compose.estimate.Estimate.model_state_bytes` and
         :attr:`~vrammath.compose.estimate.Estimate.activation_bytes`)."""
         return self.estimate.model_state_bytes + self.estimate.activation_bytes

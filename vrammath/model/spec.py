@@ -333,8 +333,8 @@ class ModelSpec:
 
     @property
     def conv1d(self) -> bool:
-        """GPT-2's block: a fused QKV with learned positions, whose ``Conv1D`` layers store their
-        weights (in, out) where ``nn.Linear`` stores (out, in)."""
+        """Whether this is GPT-2's block (a fused QKV with learned positions), whose ``Conv1D``
+        layers store their weights (in, out) where ``nn.Linear`` stores (out, in)."""
         return self.attention.fused_qkv and self.embeddings.learned_positions
 
     @property
