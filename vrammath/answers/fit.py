@@ -131,30 +131,22 @@ def largest_micro_batch(
     reserved. While no estimated component depends on ``b`` the answer is ``unbounded``; see
     ``est.unestimated``. With offload, the node's host memory must hold the offloaded states.
     """
-    est, bud = _checked(est, budget)
-    sol = largest(
-        gpu_terms(est),
-        est.values,
-        b,
-        bud.usable,
-        multiple_of=multiple_of,
-        question="largest micro-batch",
-    )
-    return _with_host(sol, est, bud, multiple_of, grows=True)
+    return _largest(est, budget, b, multiple_of, "largest micro-batch")
 
 
 def longest_sequence(
     est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1
 ) -> Solution:
     """The longest sequence ``s`` (a multiple of ``multiple_of``) that fits ``budget``."""
+    return _largest(est, budget, s, multiple_of, "longest sequence")
+
+
+def _largest(
+    est: Estimate, budget: Budget | None, unknown: sympy.Symbol, multiple_of: int, question: str
+) -> Solution:
     est, bud = _checked(est, budget)
     sol = largest(
-        gpu_terms(est),
-        est.values,
-        s,
-        bud.usable,
-        multiple_of=multiple_of,
-        question="longest sequence",
+        gpu_terms(est), est.values, unknown, bud.usable, multiple_of=multiple_of, question=question
     )
     return _with_host(sol, est, bud, multiple_of, grows=True)
 

@@ -189,6 +189,7 @@ class _Problem:
         numbers[unknown] = step * self.k
         self.terms = tuple(_put(term, numbers) for term in terms)
         self.step = step
+        self.symbol = unknown
         stray = set().union(*(term.free_symbols for term in self.terms)) - {self.k}
         if stray:
             raise InputError(
@@ -276,6 +277,23 @@ def _solution(
 _ADJUST = 3  # steps a closed-form candidate may move to absorb per-component rounding
 
 
+def _problem(
+    expr: sympy.Expr | Sequence[sympy.Expr],
+    values: Mapping[sympy.Symbol | str, int],
+    unknown: sympy.Symbol | str,
+    limit: int,
+    multiple_of: int,
+) -> _Problem:
+    """The checked inputs of :func:`largest` and :func:`smallest`, as one problem."""
+    positive_int("multiple_of", multiple_of)
+    terms = expr_terms("expr", expr)
+    symbol = symbol_named("unknown", unknown)
+    numbers = symbol_values("values", values)
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InputError("limit", "must be an integer number of bytes", got=limit)
+    return _Problem(terms, numbers, symbol, multiple_of)
+
+
 def largest(
     expr: sympy.Expr | Sequence[sympy.Expr],
     values: Mapping[sympy.Symbol | str, int],
@@ -297,13 +315,8 @@ def largest(
     >>> sol.value, sol.method, sol.verified
     (13346, 'closed-form', True)
     """
-    positive_int("multiple_of", multiple_of)
-    terms = expr_terms("expr", expr)
-    unknown = symbol_named("unknown", unknown)
-    values = symbol_values("values", values)
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise InputError("limit", "must be an integer number of bytes", got=limit)
-    prob = _Problem(terms, values, unknown, multiple_of)
+    prob = _problem(expr, values, unknown, limit, multiple_of)
+    unknown = prob.symbol
     name = question or f"largest {unknown}"
 
     def fits(k: int) -> bool:
@@ -353,13 +366,8 @@ def smallest(
     >>> sol.value, sol.neighbour, sol.method
     (4, 3, 'closed-form')
     """
-    positive_int("multiple_of", multiple_of)
-    terms = expr_terms("expr", expr)
-    unknown = symbol_named("unknown", unknown)
-    values = symbol_values("values", values)
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise InputError("limit", "must be an integer number of bytes", got=limit)
-    prob = _Problem(terms, values, unknown, multiple_of)
+    prob = _problem(expr, values, unknown, limit, multiple_of)
+    unknown = prob.symbol
     name = question or f"smallest {unknown}"
 
     def fits(k: int) -> bool:
