@@ -416,6 +416,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
             grad_bytes=ctx.recipe.gradients,
             iteration=ctx.iteration,
             device=ctx.device,
+            activation_terms=ctx.hf_activation_terms,
         )
     return Estimate(setup, tuple(comps), values, {k: phases[k] for k in PHASES})
 

@@ -34,6 +34,7 @@ References
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -217,6 +218,7 @@ def hf_phase_peaks(
     grad_bytes: int = 2,
     iteration: Iteration = "steady",
     device: Literal["cuda", "cpu"] = "cuda",
+    activation_terms: Mapping[str, sympy.Expr] | None = None,
 ) -> dict[str, sympy.Expr]:
     """Bytes live at the peak of each phase of one training iteration, per GPU, for a Hugging
     Face model as transformers runs it.
@@ -266,6 +268,9 @@ def hf_phase_peaks(
         Bytes per gradient element (the CPU's embedding-gradient transient depends on it).
     iteration : "steady" or "first"
         Second iteration onward, or the first one (no optimizer states before its step).
+    activation_terms : mapping, optional
+        The activation row's parts (:attr:`vrammath.compose.rows.Context.hf_activation_terms`),
+        so that the phase model reads what the row kept instead of deriving it again.
 
     See Also
     ========
@@ -287,6 +292,10 @@ def hf_phase_peaks(
     embed_temp = (
         (4 - grad_bytes) * V * h if device == "cpu" and grad_bytes < 4 else sympy.Integer(0)
     )
+    if activation_terms is None:  # the activation row's own parts, when the caller has them
+        activation_terms = hf_activation_terms(spec, attention, precision, recompute, device=device)
+    # what the model keeps above the top layer: the final norm, the head's input and weight cast
+    after = sum(activation_terms[k] for k in ("final_norm", "head_input", "head_weight_cast"))
     top_slides = spec.attention.window_layers > 0 and spec.attention.last_layer_slides
     if spec.latent is not None:  # DeepSeek-V3's latent attention in place of LLaMA's
         layer_terms = mla_layer_terms(spec, attention, precision, device=device)
@@ -319,14 +328,10 @@ def hf_phase_peaks(
         unchecked = hf_math_attention_forward_bytes(spec, precision)
     if recompute == "none" and unchecked is not None:
         # the last layer's softmax, before the final norm and the head exist
-        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
-        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
         forward_candidates.append(in_layer - after - unchecked["later"] + unchecked["live"])
     recomputing = fwd_end - loss["kept"] + recomputed + attn_bwd
     top_layer = hf_top_layer_backward_bytes(spec, attention, precision, device=device)
     if recompute == "none" and top_layer is not None:
-        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
-        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
         top, _ = _gradient_shares(spec)
         recomputing = (
             fwd_end - loss["kept"] - after - top_layer["freed"] + G * top / P
@@ -340,8 +345,6 @@ def hf_phase_peaks(
     in_layers = [in_layer]
     in_backward = [recomputing]
     if spec.experts is not None:  # the MoE blocks' own op-by-op peaks replace a dense layer's
-        tail = hf_activation_terms(spec, attention, precision, recompute, device=device)
-        after = tail["final_norm"] + tail["head_input"] + tail["head_weight_cast"]
         moe = moe_phase_candidates(
             spec,
             before=act - loss["kept"] - after,

@@ -29,7 +29,7 @@ from vrammath.compose.setup import PRECISION_OF, Setup
 from vrammath.model.params import tensors
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.symbols import N_d, P
-from vrammath.terms.activations.model import activation_exprs
+from vrammath.terms.activations.model import activation_components, hf_activation_terms
 from vrammath.terms.activations.parts import Attention, HfRecompute, Precision
 from vrammath.terms.korthikanti.layout import POLICIES, layout_activation_exprs
 from vrammath.terms.korthikanti.moe import ratio
@@ -136,15 +136,21 @@ class Context:
         )
 
     @cached_property
-    def hf_activations(self) -> dict[str, sympy.Expr]:
-        """HF-exact activations and logits/loss (:func:`vrammath.terms.activations.model.activation_exprs`)."""
-        return activation_exprs(
+    def hf_activation_terms(self) -> dict[str, sympy.Expr]:
+        """HF-exact activations by part (:func:`vrammath.terms.activations.model.hf_activation_terms`),
+        read by the activation row and by the phase model alike."""
+        return hf_activation_terms(
             self.setup.model,
             self.attention,
             self.precision,
             self.hf_recompute,
             device=self.device,
         )
+
+    @cached_property
+    def hf_activations(self) -> dict[str, sympy.Expr]:
+        """HF-exact activations and logits/loss, the two components of :attr:`hf_activation_terms`."""
+        return activation_components(self.hf_activation_terms)
 
     @cached_property
     def moe_rank(self) -> RankParams:

@@ -19,6 +19,7 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import sympy
@@ -280,15 +281,20 @@ def activation_exprs(
     >>> sorted(activation_exprs(load_model("gpt2")))
     ['activations', 'logits_loss']
     """
-    terms = hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
-    logits = terms.pop("logits_loss")
-    return {
-        "activations": sympy.expand(sum(terms.values(), sympy.Integer(0))),
-        "logits_loss": logits,
-    }
+    return activation_components(
+        hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
+    )
+
+
+def activation_components(terms: Mapping[str, sympy.Expr]) -> dict[str, sympy.Expr]:
+    """:func:`hf_activation_terms`' parts as an estimate's two components: ``activations``
+    (every part but the logits and loss, summed) and ``logits_loss``."""
+    rest = sum((v for k, v in terms.items() if k != "logits_loss"), sympy.Integer(0))
+    return {"activations": sympy.expand(rest), "logits_loss": terms["logits_loss"]}
 
 
 __all__ = [
+    "activation_components",
     "activation_exprs",
     "hf_activation_bytes",
     "hf_activation_terms",
