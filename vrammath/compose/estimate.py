@@ -20,7 +20,7 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 import sympy
@@ -377,28 +377,61 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     terms : tuple of vrammath.compose.rows.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.compose.table`).
     """
+    composed = _composed(setup, terms)
+    # the micro-batch and the sequence are numbers only: their change re-substitutes
+    values = {**composed.values, b: setup.micro_batch, s: setup.seq_len}
+    comps = tuple(
+        Component(key, label, device, expr, _value(expr, values), note, group)
+        for key, label, device, expr, note, group in composed.rows
+    )
+    return Estimate(setup, comps, values, dict(composed.phases))
+
+
+def _structure(setup: Setup) -> tuple[object, ...]:
+    """Every field of ``setup`` but the micro-batch and the sequence length: no row, label, note
+    or phase rule reads those two (``tests/test_estimate_cache.py``), they enter as ``b`` and
+    ``s`` only."""
+    return tuple(
+        getattr(setup, f.name) for f in fields(setup) if f.name not in ("micro_batch", "seq_len")
+    )
+
+
+@dataclass(frozen=True)
+class _Composed:
+    rows: tuple[tuple[str, str, str, sympy.Expr, str, str], ...]
+    values: dict[sympy.Symbol, int]
+    phases: dict[str, sympy.Expr]
+
+
+_COMPOSED: dict[tuple[object, ...], _Composed] = {}
+_COMPOSED_MAX = 256
+
+
+def _composed(setup: Setup, terms: tuple[Term, ...]) -> _Composed:
+    """The rows of ``setup`` built, labelled and grouped, and its phase model, kept per structure
+    (:func:`_structure`): a setup that differs in ``b`` or ``s`` only reuses them."""
+    key = (_structure(setup), terms)
+    found = _COMPOSED.get(key)
+    if found is None:
+        if len(_COMPOSED) >= _COMPOSED_MAX:
+            _COMPOSED.clear()
+        found = _COMPOSED[key] = _compose(setup, terms)
+    return found
+
+
+def _compose(setup: Setup, terms: tuple[Term, ...]) -> _Composed:
     check_modelled(setup)
     ctx = Context(setup)
-    values = _values(ctx)
     built: list[tuple[Term, sympy.Expr]] = []
-    comps: list[Component] = []
+    rows: list[tuple[str, str, str, sympy.Expr, str, str]] = []
     for term in terms:
         expr = _built(term, ctx)
         if expr is None:
             continue
         built.append((term, expr))
         if term.listed:
-            comps.append(
-                Component(
-                    term.key,
-                    text(term.label, ctx),
-                    term.device,
-                    expr,
-                    _value(expr, values),
-                    text(term.note, ctx),
-                    term.group,
-                )
-            )
+            label, note = text(term.label, ctx), text(term.note, ctx)
+            rows.append((term.key, label, term.device, expr, note, term.group))
     groups = _groups(built)
     if setup.activation_formula == "korthikanti":
         # Megatron-Core's persistent fp32 gradient buffer, into which the micro-batches of a
@@ -418,7 +451,8 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
             device=ctx.device,
             activation_terms=ctx.hf_activation_terms,
         )
-    return Estimate(setup, tuple(comps), values, {k: phases[k] for k in PHASES})
+    values = {k: v for k, v in _values(ctx).items() if k not in (b, s)}
+    return _Composed(tuple(rows), values, {k: phases[k] for k in PHASES})
 
 
 __all__ = [
