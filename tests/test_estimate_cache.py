@@ -15,7 +15,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vrammath import Setup, estimate, load_model
+from vrammath import Estimate, Setup, estimate, load_model
 from vrammath.compose import estimate as composition
 
 ROOT = Path(__file__).resolve().parent.parent / "vrammath"
@@ -43,12 +43,8 @@ def test_only_b_and_s_carry_the_run_numbers() -> None:
     assert found == READERS
 
 
-def _shown(est: object) -> object:
-    comps = est.components  # type: ignore[attr-defined]
-    return (
-        [(c.key, c.label, c.note, c.expr, c.bytes) for c in comps],
-        est.phases,  # type: ignore[attr-defined]
-    )
+def _shown(est: Estimate) -> object:
+    return [(c.key, c.label, c.note, c.expr, c.bytes) for c in est.components], est.phases
 
 
 @settings(max_examples=25, deadline=None)
