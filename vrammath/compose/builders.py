@@ -152,6 +152,8 @@ def activations(ctx: Context) -> sympy.Expr:
         parallel,
         s.recompute,
         schedule=schedule,
+        # one stage is also the last: the final norm, the output layer's input, fp32 logits
+        last_stage_on_first=s.pp == 1,
         activation_bytes=4 if ctx.precision == "fp32" else 2,
     )
 
