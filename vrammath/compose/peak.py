@@ -268,7 +268,7 @@ def hf_phase_peaks(
         Bytes per gradient element (the CPU's embedding-gradient transient depends on it).
     iteration : "steady" or "first"
         Second iteration onward, or the first one (no optimizer states before its step).
-    activation_terms : mapping, optional
+    activation_terms : dict or None
         The activation row's parts (:attr:`vrammath.compose.rows.Context.hf_activation_terms`),
         so that the phase model reads what the row kept instead of deriving it again.
 

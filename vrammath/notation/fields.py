@@ -129,6 +129,7 @@ __all__ = [
     "MAX_TOKENS",
     "Option",
     "check_bounds",
+    "declared",
     "field_values",
     "options",
 ]
