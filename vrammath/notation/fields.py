@@ -82,7 +82,8 @@ def declared(
     """A declared field, its default written once: ``{default}`` in ``help`` shows it, and a
     field with ``choices`` lists them after the help with the default (unless the help already
     says what the default means)."""
-    shown = ",".join(default) if isinstance(default, tuple) else str(default or "none")
+    shown = ",".join(default) if isinstance(default, tuple) else str(default)
+    shown = "none" if default is None else shown
     if choices and "(default" not in help:
         help = f"{help}: {', '.join(choices)} (default {shown})"
     help = help.replace("{default}", shown)
