@@ -13,6 +13,7 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import sympy
 
@@ -116,37 +117,33 @@ def layout_setup(
     )
 
 
+class LayoutOptions(TypedDict, total=False):
+    """The keyword options of :func:`layout_setup`, which :func:`layout_memory` passes on."""
+
+    micro_batch: int
+    seq_len: int
+    policy: ActivationPolicy | str
+    capacity_factor: Ratio | None
+    imbalance: Ratio
+
+
 def layout_memory(
     spec: ModelSpec,
     layout: Layout,
     recipe_name: Recipe | str = "bf16-mixed",
     optimizer: str = "adamw",
-    *,
-    micro_batch: int = 1,
-    seq_len: int = 4096,
-    policy: ActivationPolicy | str = BF16_FLASH,
-    capacity_factor: Ratio | None = None,
-    imbalance: Ratio = 1,
+    **options: Unpack[LayoutOptions],
 ) -> LayoutMemory:
     """The busiest rank's model states and activations, read from
-    :func:`vrammath.compose.estimate.estimate` of :func:`layout_setup` (the one composition).
+    :func:`vrammath.compose.estimate.estimate` of :func:`layout_setup` (the one composition); the
+    arguments are :func:`layout_setup`'s.
 
     >>> from vrammath.model.presets import load_model
     >>> mem = layout_memory(load_model("mixtral-8x7b"), Layout(64, pp=4, ep=8))
     >>> mem.rank.stages, round(mem.total / 2**30, 1)
     ((3,), 48.7)
     """
-    setup = layout_setup(
-        spec,
-        layout,
-        recipe_name,
-        optimizer,
-        micro_batch=micro_batch,
-        seq_len=seq_len,
-        policy=policy,
-        capacity_factor=capacity_factor,
-        imbalance=imbalance,
-    )
+    setup = layout_setup(spec, layout, recipe_name, optimizer, **options)
     est = estimate(setup)
     keys = {c.key: c.bytes for c in est.components}
     states = {k: keys.get(k) or 0 for k in ("weights", "gradients", "master", "optimizer")}
@@ -158,8 +155,8 @@ def layout_memory(
         layout,
         recipe(setup.recipe),
         POLICIES[setup.policy],
-        micro_batch,
-        seq_len,
+        setup.micro_batch,
+        setup.seq_len,
         busiest_rank(setup),
         states,
         acts,
@@ -269,6 +266,7 @@ __all__ = [
     "DEEPSEEK_V3_LAYOUT",
     "STATES",
     "LayoutMemory",
+    "LayoutOptions",
     "deepseek_v3_training_memory",
     "ep_state_bytes",
     "ep_state_exprs",

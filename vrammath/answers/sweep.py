@@ -12,8 +12,9 @@ Examples
 >>> from vrammath.compose.setup import Setup
 >>> from vrammath.model.presets import load_model
 >>> est = estimate(Setup(load_model("llama-7b"), zero=3, gpus=8))
->>> [str(x.knob) for x in ranking(est)][:1]
-['s']
+>>> top = ranking(est)[0]
+>>> str(top.knob), top.step_saving > 0
+('s', True)
 """
 
 from __future__ import annotations

@@ -208,6 +208,12 @@ class Setup:
         "mixture-of-experts under --activations korthikanti; default 1, balanced)",
         kind="ratio",
     )
+    extra_terms: tuple[str, ...] = declared(
+        (),
+        "--with",
+        "opt-in rows of the term table to add, comma-separated",
+        kind="terms",
+    )
     activation_policy: ActivationPolicyName = declared(
         "auto",
         "--activation-policy",
@@ -271,6 +277,11 @@ class Setup:
             if not isinstance(self.gpu, str):
                 raise InputError("gpu", "must be a GPU preset name", self.gpu)
             gpu(self.gpu)  # raises on an unknown name
+        extra = self.extra_terms
+        if not isinstance(extra, tuple) or not all(isinstance(k, str) for k in extra):
+            raise InputError("extra_terms", "must be a tuple of row keys", got=extra)
+        if len(set(extra)) != len(extra):
+            raise InputError("extra_terms", "must name each row once", got=",".join(extra))
         self._check_offload()
         self._check_read()
         self._check_parallel()
@@ -450,10 +461,7 @@ def setup_warnings(setup: Setup) -> tuple[str, ...]:
     >>> setup_warnings(Setup(load_model("gpt2"), seq_len=4096))
     ("seq_len 4096 exceeds the model's max_position_embeddings (1024)",)
     """
-    out = list(getattr(setup.model, "warnings", ()))
-    limit = setup.model.max_positions
-    if setup.seq_len > limit:
-        out.append(f"seq_len {setup.seq_len} exceeds the model's max_position_embeddings ({limit})")
+    out = list(setup.model.context_warnings("seq_len", setup.seq_len))
     if setup.quant is not None and setup.model.experts is not None:
         # transformers 5's bitsandbytes replaces nn.Linear only (vrammath.terms.lora.quant.quantized_tensors)
         out.append(

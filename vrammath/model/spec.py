@@ -286,6 +286,13 @@ class ModelSpec:
         """Positions the model is configured for (rows of a learned position embedding)."""
         return self.embeddings.max_positions
 
+    def context_warnings(self, field: str, tokens: int) -> tuple[str, ...]:
+        """The model's own warnings, and a line when ``tokens`` (the setup's ``field``) runs past
+        the positions the model is configured for (``setup_warnings`` and ``serve_warnings``)."""
+        limit = self.max_positions
+        past = f"{field} {tokens} exceeds the model's max_position_embeddings ({limit})"
+        return self.warnings + ((past,) if tokens > limit else ())
+
     @property
     def heads(self) -> int:
         """Query heads a."""

@@ -198,13 +198,7 @@ def serve_warnings(setup: Serve) -> tuple[str, ...]:
     >>> serve_warnings(Serve(load_model("gpt2"), context=2048))
     ("context 2048 exceeds the model's max_position_embeddings (1024)",)
     """
-    out = list(getattr(setup.model, "warnings", ()))
-    if setup.context > setup.model.max_positions:
-        out.append(
-            f"context {setup.context} exceeds the model's max_position_embeddings "
-            f"({setup.model.max_positions})"
-        )
-    return tuple(out)
+    return setup.model.context_warnings("context", setup.context)
 
 
 def serve(setup: Serve) -> ServeEstimate:
