@@ -437,3 +437,12 @@ def test_default_lora_targets_missing_names_the_allowed(capsys: pytest.CaptureFi
         "qkv, o, up, down, c_attn, c_proj, c_fc, all-linear, attention, mlp (got 'q,v')"
     )
     assert run(capsys, "estimate", "gpt2", "--lora-rank", "8", "--lora-targets", "c_attn")[0] == 0
+
+
+def test_with_names_only_opt_in_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "estimate", "llama-7b", "--with", "ema")
+    assert code == 2
+    assert out == ""
+    assert err.strip().endswith(
+        "extra_terms: must name opt-in rows of the table (none in this table) (got 'ema')"
+    )

@@ -10,13 +10,14 @@ import pytest
 import sympy
 
 from vrammath.compose.estimate import estimate
-from vrammath.compose.rows import GROUPS, STATE_GROUPS
+from vrammath.compose.rows import GROUPS, STATE_GROUPS, Term
 from vrammath.compose.setup import Setup, with_changes
 from vrammath.compose.table import TERMS, TERMS_BY_KEY
 from vrammath.measure.matrix import ROWS, setup_of, step_counter_bytes
 from vrammath.model.params import param_count
 from vrammath.model.presets import load_model, raw_config
 from vrammath.model.readers import from_hf_config
+from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import N_d, P
 
 GOLDEN: dict[str, Any] = json.loads(
@@ -181,3 +182,29 @@ def test_dim0_shards_hold_what_fsdp2_rank0_holds() -> None:
     llama = Setup(load_model("llama-7b"), zero=3, gpus=8)
     dim0 = estimate(with_changes(llama, shard="dim0")).model_state_bytes
     assert dim0 == estimate(llama).model_state_bytes
+
+
+def test_an_opt_in_row_moves_only_the_setups_that_name_it() -> None:
+    # a row of 3 bytes a parameter, sharded from ZeRO-3 like the weights
+    extra = Term(
+        key="extra",
+        label="extra",
+        device="gpu",
+        builder=lambda ctx: 3 * P,
+        group="weights",
+        live="resident",
+        sharded_from=3,
+        opt_in=True,
+    )
+    table = (*TERMS, extra)
+    spec = load_model("llama-7b")
+    plain = Setup(spec, zero=3, gpus=8)
+    assert estimate(plain, terms=table) == estimate(plain)
+    named = with_changes(plain, extra_terms=("extra",))
+    est = estimate(named, terms=table)
+    assert est.component("extra").bytes == -(-3 * param_count(spec) // 8)
+    assert est.gpu_bytes - estimate(plain).gpu_bytes == est.component("extra").bytes
+    with pytest.raises(InputError, match=r"extra_terms: must name opt-in rows of the table \("):
+        estimate(named)
+    with pytest.raises(InputError, match="extra_terms: must name each row once"):
+        with_changes(plain, extra_terms=("extra", "extra"))

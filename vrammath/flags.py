@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from vrammath.compose.table import TERMS
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import Option, options
 from vrammath.terms.lora.targets import lora_targets
@@ -101,6 +102,15 @@ def targets(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: the opt-in rows of the default table, what ``--with`` may name
+OPT_IN = tuple(t.key for t in TERMS if t.opt_in)
+
+
+def row_keys(text: str) -> tuple[str, ...]:
+    """Comma-separated row keys; ``estimate`` checks them against its table."""
+    return tuple(k.strip() for k in text.split(",") if k.strip())
+
+
 def number(field: str, low: float, high: float, *, open_low: bool, open_high: bool) -> Any:
     lo, hi = ("(" if open_low else "["), (")" if open_high else "]")
     allowed = f"must be a number in {lo}{low:g}, {high:g}{hi}"
@@ -145,6 +155,9 @@ def add_options(cmd: argparse.ArgumentParser, cls: Any) -> None:
         elif opt.kind == "targets":
             kw["type"] = targets
             kw["default"] = None  # given or not: only with --lora-rank
+        elif opt.kind == "terms":
+            kw["type"] = row_keys
+            kw["help"] = f"{opt.help} ({', '.join(OPT_IN) or 'none in the default table'})"
         elif opt.kind == "ratio":
             kw["type"] = _ratio(_label(opt))
         elif opt.kind == "fraction":

@@ -419,12 +419,24 @@ def _composed(setup: Setup, terms: tuple[Term, ...]) -> _Composed:
     return found
 
 
+def _check_extra_terms(setup: Setup, terms: tuple[Term, ...]) -> None:
+    """Refuse an opt-in row the table does not have, naming those it has."""
+    opt_in = [t.key for t in terms if t.opt_in]
+    for key in setup.extra_terms:
+        if key not in opt_in:
+            allowed = ", ".join(opt_in) if opt_in else "none in this table"
+            raise InputError("extra_terms", f"must name opt-in rows of the table ({allowed})", key)
+
+
 def _compose(setup: Setup, terms: tuple[Term, ...]) -> _Composed:
     check_modelled(setup)
+    _check_extra_terms(setup, terms)
     ctx = Context(setup)
     built: list[tuple[Term, sympy.Expr]] = []
     rows: list[tuple[str, str, str, sympy.Expr, str, str]] = []
     for term in terms:
+        if term.opt_in and term.key not in setup.extra_terms:
+            continue
         expr = _built(term, ctx)
         if expr is None:
             continue

@@ -221,6 +221,9 @@ class Term:
         mixture-of-experts model): the dense part over that group too, the routed experts
         first split over the ``n_ep`` expert-parallel ranks and, once sharded, over their
         expert-data-parallel group of ``N_d / n_ep`` ranks (:mod:`vrammath.terms.moe.params`).
+    opt_in : bool
+        A row only the setups that name its key in ``Setup.extra_terms`` have (the CLI's
+        ``--with KEY``): a term some runs add and most do not, off by default.
     """
 
     key: str
@@ -234,6 +237,7 @@ class Term:
     note: Text = ""
     listed: bool = True
     shard_group: ShardGroup = "dp"
+    opt_in: bool = False
 
 
 def per_rank(

@@ -24,11 +24,13 @@ Examples
 
 Write its builder (a function of a :class:`~vrammath.compose.rows.Context`, returning the whole-model bytes as a sympy
 expression in the symbols of :mod:`vrammath.notation.symbols`, or ``None`` where the term does not
-exist), give it a row, and append the row to the table -- :data:`TERMS` in this module for a term
-every estimate should have, or a table of your own passed to ``estimate(..., terms=...)``. Its
-group decides which phases it enters, its ``sharded_from`` how ZeRO divides it; nothing else
-changes. Here, an exponential moving average of the weights (``torch_ema``'s shadow copy: one
-fp32 tensor per parameter, ``4 P``), resident through the whole iteration, so in the weights group:
+exist), give it a row, and append the row to the table -- :data:`TERMS` in this module, or a table
+of your own passed to ``estimate(..., terms=...)``. Its group decides which phases it enters, its
+``sharded_from`` how ZeRO divides it; nothing else changes. A term most runs do not have is an
+opt-in row (``opt_in=True``): a setup adds it by naming its key in ``Setup.extra_terms`` (the
+CLI's ``--with``), and every other setup's numbers stay as they were. Here, an exponential moving
+average of the weights (``torch_ema``'s shadow copy: one fp32 tensor per parameter, ``4 P``),
+resident through the whole iteration, so in the weights group:
 
 >>> from vrammath.compose.estimate import estimate
 >>> from vrammath.model.presets import load_model
@@ -41,17 +43,24 @@ fp32 tensor per parameter, ``4 P``), resident through the whole iteration, so in
 ...     builder=lambda ctx: 4 * P,
 ...     group="weights",
 ...     live="resident",
+...     opt_in=True,
 ... )
->>> setup = Setup(load_model("gpt2"))
->>> with_ema = estimate(setup, terms=TERMS + (ema,))
+>>> table = TERMS + (ema,)
+>>> setup = Setup(load_model("gpt2"), extra_terms=("ema",))
+>>> with_ema = estimate(setup, terms=table)
 >>> with_ema.component("ema").expr, with_ema.component("ema").bytes
 (4*P, 497759232)
->>> with_ema.gpu_bytes - estimate(setup).gpu_bytes
+>>> plain = Setup(load_model("gpt2"))
+>>> with_ema.gpu_bytes - estimate(plain, terms=table).gpu_bytes
 497759232
+>>> estimate(setup)  # the default table has no such row
+Traceback (most recent call last):
+...
+vrammath.notation.errors.InputError: extra_terms: must name opt-in rows of the table (none in this table) (got 'ema')
 
 Add a test that pins its value on one real model (``tests/test_terms.py``), a docstring in
-sympy's order with the source of the formula, and, for a term the default table gains, run
-``tests/test_golden.py``: the golden numbers move only by the new term.
+sympy's order with the source of the formula, and run ``python tools/golden.py``: it lists the
+golden numbers the row moved (none, for an opt-in row no golden setup names).
 """
 
 from __future__ import annotations
