@@ -206,5 +206,7 @@ def test_an_opt_in_row_moves_only_the_setups_that_name_it() -> None:
     assert est.gpu_bytes - estimate(plain).gpu_bytes == est.component("extra").bytes
     with pytest.raises(InputError, match=r"extra_terms: must name opt-in rows of the table \("):
         estimate(named)
+    with pytest.raises(InputError, match="terms: must hold one row per key .got 'extra'"):
+        estimate(named, terms=(*table, extra))
     with pytest.raises(InputError, match="extra_terms: must name each row once"):
         with_changes(plain, extra_terms=("extra", "extra"))

@@ -419,8 +419,13 @@ def _composed(setup: Setup, terms: tuple[Term, ...]) -> _Composed:
     return found
 
 
-def _check_extra_terms(setup: Setup, terms: tuple[Term, ...]) -> None:
-    """Refuse an opt-in row the table does not have, naming those it has."""
+def _check_table(setup: Setup, terms: tuple[Term, ...]) -> None:
+    """Refuse a table with two rows of one key (an estimate names its components by key) and an
+    opt-in row the table does not have, naming those it has."""
+    keys = [t.key for t in terms]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise InputError("terms", "must hold one row per key", got=key)
     opt_in = [t.key for t in terms if t.opt_in]
     for key in setup.extra_terms:
         if key not in opt_in:
@@ -430,7 +435,7 @@ def _check_extra_terms(setup: Setup, terms: tuple[Term, ...]) -> None:
 
 def _compose(setup: Setup, terms: tuple[Term, ...]) -> _Composed:
     check_modelled(setup)
-    _check_extra_terms(setup, terms)
+    _check_table(setup, terms)
     ctx = Context(setup)
     built: list[tuple[Term, sympy.Expr]] = []
     rows: list[tuple[str, str, str, sympy.Expr, str, str]] = []
