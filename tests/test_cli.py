@@ -12,6 +12,7 @@ import pytest
 import sympy
 
 from vrammath.cli import FORMULAS, main
+from vrammath.compose.table import TERMS
 from vrammath.model.params import param_count
 from vrammath.model.presets import load_model
 
@@ -440,9 +441,10 @@ def test_default_lora_targets_missing_names_the_allowed(capsys: pytest.CaptureFi
 
 
 def test_with_names_only_opt_in_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "estimate", "llama-7b", "--with", "ema")
+    code, out, err = run(capsys, "estimate", "llama-7b", "--with", "no-such-row")
     assert code == 2
     assert out == ""
+    allowed = ", ".join(t.key for t in TERMS if t.opt_in) or "none in this table"
     assert err.strip().endswith(
-        "extra_terms: must name opt-in rows of the table (none in this table) (got 'ema')"
+        f"extra_terms: must name opt-in rows of the table ({allowed}) (got 'no-such-row')"
     )
