@@ -136,27 +136,37 @@ def tensors(spec: ModelSpec) -> list[Tensor]:
     return out
 
 
+def _layers(
+    component: str, *layers: tuple[str, tuple[sympy.Expr, sympy.Expr], bool], conv1d: bool = False
+) -> list[Tensor]:
+    """Each layer's weight, of (out, in) (a ``conv1d``'s: (in, out)), then its bias of ``out``
+    where the layer has one, in the order the layers come."""
+    out: list[Tensor] = []
+    for name, shape, bias in layers:
+        out.append(Tensor(f"{name}.weight", shape, L, component))
+        if bias:
+            out.append(Tensor(f"{name}.bias", (shape[1] if conv1d else shape[0],), L, component))
+    return out
+
+
 def _attention_tensors(spec: ModelSpec) -> list[Tensor]:
     att = spec.attention
     out: list[Tensor] = []
     if att.fused_qkv and not spec.embeddings.learned_positions:
         # GPT-NeoX: one nn.Linear (out, in) = (3h, h) for q, k, v, then "dense"
-        out.append(Tensor("attention.query_key_value.weight", (3 * h, h), L, "attention"))
-        if att.qkv_bias:
-            out.append(Tensor("attention.query_key_value.bias", (3 * h,), L, "attention"))
-        out.append(Tensor("attention.dense.weight", (h, h), L, "attention"))
-        if att.o_bias:
-            out.append(Tensor("attention.dense.bias", (h,), L, "attention"))
-        return out
+        return _layers(
+            "attention",
+            ("attention.query_key_value", (3 * h, h), att.qkv_bias),
+            ("attention.dense", (h, h), att.o_bias),
+        )
     if att.fused_qkv:
         # GPT-2 keeps q, k, v in one Conv1D (in, out) = (h, 3h); its heads are MHA with a d = h
-        out.append(Tensor("attn.c_attn.weight", (h, 3 * h), L, "attention"))
-        if att.qkv_bias:
-            out.append(Tensor("attn.c_attn.bias", (3 * h,), L, "attention"))
-        out.append(Tensor("attn.c_proj.weight", (h, h), L, "attention"))
-        if att.o_bias:
-            out.append(Tensor("attn.c_proj.bias", (h,), L, "attention"))
-        return out
+        return _layers(
+            "attention",
+            ("attn.c_attn", (h, 3 * h), att.qkv_bias),
+            ("attn.c_proj", (h, h), att.o_bias),
+            conv1d=True,
+        )
     if spec.latent is not None:
         return _latent_tensors(spec)
     if att.fused_qkv_linear:  # Phi-3's qkv_proj: one nn.Linear of width (a + 2 a_kv) d
@@ -227,24 +237,15 @@ def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
             Tensor(f"mlp.{n}.weight", shape, dense, "mlp")
             for n, shape in (("gate_proj", (I, h)), ("up_proj", (I, h)), ("down_proj", (h, I)))
         ]
+    bias = spec.mlp.bias
     if not spec.mlp.gated and spec.attention.fused_qkv and not spec.embeddings.learned_positions:
         # GPT-NeoX: nn.Linear dense_h_to_4h (I, h) and dense_4h_to_h (h, I)
-        out = [Tensor("mlp.dense_h_to_4h.weight", (I, h), L, "mlp")]
-        if spec.mlp.bias:
-            out.append(Tensor("mlp.dense_h_to_4h.bias", (I,), L, "mlp"))
-        out.append(Tensor("mlp.dense_4h_to_h.weight", (h, I), L, "mlp"))
-        if spec.mlp.bias:
-            out.append(Tensor("mlp.dense_4h_to_h.bias", (h,), L, "mlp"))
-        return out
+        return _layers(
+            "mlp", ("mlp.dense_h_to_4h", (I, h), bias), ("mlp.dense_4h_to_h", (h, I), bias)
+        )
     if not spec.mlp.gated and not spec.attention.fused_qkv:
         # StarCoder2's plain MLP: nn.Linear c_fc (I, h) and c_proj (h, I)
-        out = [Tensor("mlp.c_fc.weight", (I, h), L, "mlp")]
-        if spec.mlp.bias:
-            out.append(Tensor("mlp.c_fc.bias", (I,), L, "mlp"))
-        out.append(Tensor("mlp.c_proj.weight", (h, I), L, "mlp"))
-        if spec.mlp.bias:
-            out.append(Tensor("mlp.c_proj.bias", (h,), L, "mlp"))
-        return out
+        return _layers("mlp", ("mlp.c_fc", (I, h), bias), ("mlp.c_proj", (h, I), bias))
     if spec.mlp.fused_gate_up:  # Phi-3's gate_up_proj: one nn.Linear of width 2I
         out = [
             Tensor("mlp.gate_up_proj.weight", (2 * I, h), L, "mlp"),
@@ -258,13 +259,7 @@ def _mlp_tensors(spec: ModelSpec) -> list[Tensor]:
         return out
     if not spec.mlp.gated:
         # the plain MLP we read is GPT-2's: Conv1D c_fc (h, I) and c_proj (I, h)
-        out = [Tensor("mlp.c_fc.weight", (h, I), L, "mlp")]
-        if spec.mlp.bias:
-            out.append(Tensor("mlp.c_fc.bias", (I,), L, "mlp"))
-        out.append(Tensor("mlp.c_proj.weight", (I, h), L, "mlp"))
-        if spec.mlp.bias:
-            out.append(Tensor("mlp.c_proj.bias", (h,), L, "mlp"))
-        return out
+        return _layers("mlp", ("mlp.c_fc", (h, I), bias), ("mlp.c_proj", (I, h), bias), conv1d=True)
     out = [
         Tensor("mlp.gate_proj.weight", (I, h), L, "mlp"),
         Tensor("mlp.up_proj.weight", (I, h), L, "mlp"),

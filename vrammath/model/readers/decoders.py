@@ -39,10 +39,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vrammath.model.readers.keys import Keys, Parts, Reader, _head_dim, _kv_heads
-from vrammath.model.readers.llama import _DECODER_HARMLESS, _DECODER_KEYS, _decoder_parts
-from vrammath.model.spec import MLP, Attention, Embeddings, Norms
-from vrammath.notation.errors import InputError, one_of
+from vrammath.model.readers.keys import (
+    _ATTENTION_BIAS,
+    _GQA_KEYS,
+    Keys,
+    Parts,
+    Reader,
+    _attention,
+    _embeddings,
+)
+from vrammath.model.readers.llama import _decoder_parts, _decoder_reader, _window
+from vrammath.model.spec import MLP, Norms
+from vrammath.notation.errors import InputError
 
 
 def _no_dropout(k: Keys, key: str, model_type: str) -> None:
@@ -50,11 +58,6 @@ def _no_dropout(k: Keys, key: str, model_type: str) -> None:
         raise InputError(
             key, f"must be 0.0 (dropout is not modelled for {model_type})", got=k.raw(key)
         )
-
-
-def _window(k: Keys) -> int | None:
-    """A sliding window, recorded on every layer (``sliding_window`` null or absent: none)."""
-    return k.size("sliding_window") if k.has("sliding_window") else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,33 +137,22 @@ def _phi3(k: Keys) -> Parts:
 def _starcoder2(k: Keys) -> Parts:
     hidden = k.size("hidden_size")
     heads = k.size("num_attention_heads")
-    activation = k.raw("hidden_act", "gelu_pytorch_tanh")
-    if activation != "gelu_pytorch_tanh":
-        raise one_of("hidden_act", activation, ["gelu_pytorch_tanh"])
+    k.choice("hidden_act", "gelu_pytorch_tanh", ("gelu_pytorch_tanh",))
     bias = k.flag("use_bias", True)
     # keys of StarCoder2's original code; transformers' class builds only these values
     k.off("mlp_type", "default", "must be default (the plain GeLU MLP)")
     k.off("norm_type", "layer_norm", "must be layer_norm")
-    embeddings = Embeddings(
-        vocab=k.size("vocab_size"),
-        hidden=hidden,
-        tied=k.flag("tie_word_embeddings", True),
-        learned_positions=False,
-        max_positions=k.size("max_position_embeddings", 4096),
+    embeddings = replace(
+        _embeddings(k, hidden, tied=True, max_positions=4096),
         dropout=k.probability("embedding_dropout", 0.0),
     )
     window = _window(k)
     residual = k.probability("residual_dropout", 0.0)
     layers = k.size("num_hidden_layers")
-    attention = Attention(
-        heads=heads,
-        kv_heads=_kv_heads(k, "num_key_value_heads", heads),
-        head_dim=_head_dim(k, hidden, heads),
-        qkv_bias=bias,
-        o_bias=bias,
-        sliding_window=window,
-        window_layers=layers if window is not None else 0,
-        dropout=k.probability("attention_dropout", 0.0),
+    attention = replace(
+        _attention(
+            k, hidden, heads, qkv_bias=bias, o_bias=bias, window=window, window_layers=layers
+        ),
         output_dropout=residual,
     )
     mlp = MLP(
@@ -180,29 +172,22 @@ def decoder_readers() -> tuple[Reader, ...]:
     >>> [r.model_type for r in decoder_readers()]
     ['qwen3', 'olmo2', 'phi3', 'starcoder2']
     """
-    qwen3 = Reader(
+    qwen3 = _decoder_reader(
         "qwen3",
-        keys={
-            **_DECODER_KEYS,
-            "attention_bias": "attention.qkv_bias, attention.o_bias",
+        _qwen3,
+        {
+            **_ATTENTION_BIAS,
             "use_sliding_window": "(false only: no sliding window)",
             "sliding_window": "(unused while use_sliding_window is false)",
             "max_window_layers": "(unused while use_sliding_window is false)",
             "layer_types": "(full_attention only)",
         },
-        harmless=_DECODER_HARMLESS,
-        parts=_qwen3,
     )
-    olmo2 = Reader(
-        "olmo2",
-        keys={**_DECODER_KEYS, "attention_bias": "attention.qkv_bias, attention.o_bias"},
-        harmless=_DECODER_HARMLESS,
-        parts=_olmo2,
-    )
-    phi3 = Reader(
+    olmo2 = _decoder_reader("olmo2", _olmo2, _ATTENTION_BIAS)
+    phi3 = _decoder_reader(
         "phi3",
-        keys={
-            **_DECODER_KEYS,
+        _phi3,
+        {
             "resid_pdrop": "(0 only: dropout is not modelled)",
             "embd_pdrop": "(0 only: dropout is not modelled)",
             "sliding_window": "attention.sliding_window (every layer)",
@@ -212,30 +197,17 @@ def decoder_readers() -> tuple[Reader, ...]:
         },
         # the long-context RoPE factors scale angles; the original context length only picks them;
         # auto_map names the remote code transformers' own Phi3 class replaces
-        harmless=(
-            *(x for x in _DECODER_HARMLESS if x != "rope_parameters"),
-            "auto_map",
-            "original_max_position_embeddings",
-        ),
-        parts=_phi3,
+        harmless=("auto_map", "original_max_position_embeddings"),
     )
     starcoder2 = Reader(
         "starcoder2",
         keys={
-            "hidden_size": "embeddings.hidden",
-            "vocab_size": "embeddings.vocab",
-            "tie_word_embeddings": "embeddings.tied",
-            "max_position_embeddings": "embeddings.max_positions",
+            **_GQA_KEYS,
             "embedding_dropout": "embeddings.dropout",
-            "num_hidden_layers": "layers",
-            "num_attention_heads": "attention.heads",
-            "num_key_value_heads": "attention.kv_heads",
-            "head_dim": "attention.head_dim",
             "attention_dropout": "attention.dropout",
             "residual_dropout": "attention.output_dropout, mlp.dropout",
             "sliding_window": "attention.sliding_window (every layer)",
             "use_bias": "attention.qkv_bias, attention.o_bias, mlp.bias",
-            "intermediate_size": "mlp.intermediate",
             "hidden_act": "mlp.activation (gelu_pytorch_tanh only)",
             "mlp_type": "(default only)",
             "norm_type": "(layer_norm only)",

@@ -10,28 +10,24 @@ Examples
 
 from __future__ import annotations
 
-from vrammath.model.readers.keys import Keys, Parts, Reader, _kv_heads
-from vrammath.model.readers.llama import _DECODER_HARMLESS
-from vrammath.model.spec import MLP, Attention, Embeddings, Norms
+from collections.abc import Mapping
+from dataclasses import replace
+
+from vrammath.model.readers.keys import (
+    _ATTENTION_BIAS,
+    _GQA_KEYS,
+    Keys,
+    Parts,
+    Reader,
+    _embeddings,
+    _kv_heads,
+)
+from vrammath.model.readers.llama import _DECODER_HARMLESS, _layer_pattern
+from vrammath.model.spec import MLP, Attention, Norms
 from vrammath.notation.errors import InputError, one_of
 
 GEMMA_ACTIVATIONS: tuple[str, ...] = ("gelu_pytorch_tanh", "gelu")
 """The gated MLP's activations the Gemma readers accept (single PyTorch ops keeping their input)."""
-
-
-def _layer_pattern(k: Keys, layers: int, default: list[bool]) -> list[bool]:
-    """Which layers slide: the config's ``layer_types`` or the architecture's default."""
-    if not k.has("layer_types"):
-        return default
-    kinds = k.raw("layer_types")
-    allowed = ("full_attention", "sliding_attention")
-    if not isinstance(kinds, list) or len(kinds) != layers or any(x not in allowed for x in kinds):
-        raise InputError(
-            "layer_types",
-            f"must list {layers} values (num_hidden_layers), each one of " + ", ".join(allowed),
-            got=kinds,
-        )
-    return [x == "sliding_attention" for x in kinds]
 
 
 def _softcap(k: Keys, key: str, default: float | None) -> float | None:
@@ -44,15 +40,9 @@ def _softcap(k: Keys, key: str, default: float | None) -> float | None:
     return float(value)
 
 
-def _gemma(k: Keys) -> Parts:
-    """Gemma (v1): Gemma-2's parts without sandwich norms, softcaps or sliding windows."""
-    hidden = k.size("hidden_size")
-    heads = k.size("num_attention_heads")
-    activation = k.raw("hidden_act", "gelu_pytorch_tanh")
-    if activation not in GEMMA_ACTIVATIONS:
-        raise one_of("hidden_act", activation, GEMMA_ACTIVATIONS)
-    # GemmaConfig replaces the legacy "gelu" of the official releases by the tanh approximation
-    activation = "gelu_pytorch_tanh"
+def _causal_without_dropout(k: Keys) -> None:
+    """Refuse what no Gemma reader models: dropout on the attention probabilities, and attention
+    that is not causal."""
     if k.probability("attention_dropout", 0.0) != 0:
         raise InputError(
             "attention_dropout",
@@ -66,46 +56,49 @@ def _gemma(k: Keys) -> Parts:
             "must be false or null (causal decoders only)",
             got=bidirectional,
         )
-    bias = k.flag("attention_bias", False)
-    embeddings = Embeddings(
-        vocab=k.size("vocab_size"),
-        hidden=hidden,
-        tied=k.flag("tie_word_embeddings", True),
-        learned_positions=False,
-        max_positions=k.size("max_position_embeddings", 8192),
-        scaled=True,
-    )
-    attention = Attention(
+
+
+def _gemma_attention(k: Keys, heads: int, bias: bool) -> Attention:
+    """Every layer's attention, without Gemma-2's windows, softcap or q/k norms."""
+    return Attention(
         heads=heads,
         kv_heads=_kv_heads(k, "num_key_value_heads", heads),
         head_dim=k.size("head_dim", 256),
         qkv_bias=bias,
         o_bias=bias,
     )
+
+
+def _gemma(k: Keys) -> Parts:
+    """Gemma (v1): Gemma-2's parts without sandwich norms, softcaps or sliding windows."""
+    hidden = k.size("hidden_size")
+    heads = k.size("num_attention_heads")
+    k.choice("hidden_act", "gelu_pytorch_tanh", GEMMA_ACTIVATIONS)
+    _causal_without_dropout(k)
+    bias = k.flag("attention_bias", False)
+    embeddings = _embeddings(k, hidden, tied=True, max_positions=8192, scaled=True)
+    attention = _gemma_attention(k, heads, bias)
+    # GemmaConfig replaces the legacy "gelu" of the official releases by the tanh approximation
     mlp = MLP(
-        intermediate=k.size("intermediate_size"), gated=True, activation=activation, bias=False
+        intermediate=k.size("intermediate_size"),
+        gated=True,
+        activation="gelu_pytorch_tanh",
+        bias=False,
     )
     norms = Norms(kind="rmsnorm", unit_offset=True)
     return k.size("num_hidden_layers"), embeddings, attention, mlp, norms
 
 
+_GEMMA_KEYS: Mapping[str, str] = {
+    **_GQA_KEYS,
+    **_ATTENTION_BIAS,
+    "attention_dropout": "attention.dropout (0 only)",
+    "use_bidirectional_attention": "(false or null only)",
+}
+
 GEMMA = Reader(
     "gemma",
-    keys={
-        "hidden_size": "embeddings.hidden",
-        "vocab_size": "embeddings.vocab",
-        "tie_word_embeddings": "embeddings.tied",
-        "max_position_embeddings": "embeddings.max_positions",
-        "num_hidden_layers": "layers",
-        "num_attention_heads": "attention.heads",
-        "num_key_value_heads": "attention.kv_heads",
-        "head_dim": "attention.head_dim",
-        "attention_bias": "attention.qkv_bias, attention.o_bias",
-        "attention_dropout": "attention.dropout (0 only)",
-        "use_bidirectional_attention": "(false or null only)",
-        "intermediate_size": "mlp.intermediate",
-        "hidden_act": "mlp.activation (gelu means gelu_pytorch_tanh)",
-    },
+    keys={**_GEMMA_KEYS, "hidden_act": "mlp.activation (gelu means gelu_pytorch_tanh)"},
     # hidden_activation is in some Gemma files; GemmaConfig 5.x reads hidden_act only
     harmless=(*_DECODER_HARMLESS, "hidden_activation"),
     parts=_gemma,
@@ -145,37 +138,16 @@ def _gemma2_like(
     activation = k.raw("hidden_activation", None) or k.raw("hidden_act", "gelu_pytorch_tanh")
     if activation not in GEMMA_ACTIVATIONS:
         raise one_of("hidden_activation", activation, GEMMA_ACTIVATIONS)
-    if k.probability("attention_dropout", 0.0) != 0:
-        raise InputError(
-            "attention_dropout",
-            "must be 0.0 (dropout on attention probabilities is not modelled)",
-            got=k.raw("attention_dropout"),
-        )
-    bidirectional = k.raw("use_bidirectional_attention", False)
-    if bidirectional is not False:
-        raise InputError(
-            "use_bidirectional_attention",
-            "must be false or null (causal decoders only)",
-            got=bidirectional,
-        )
+    _causal_without_dropout(k)
     slides = _layer_pattern(k, layers, default_slides)
     window = k.size("sliding_window", 4096) if any(slides) else None
     bias = k.flag("attention_bias", False)
-    embeddings = Embeddings(
-        vocab=k.size("vocab_size", vocab),
-        hidden=hidden,
-        tied=k.flag("tie_word_embeddings", True),
-        learned_positions=False,
-        max_positions=k.size("max_position_embeddings", max_positions),
-        scaled=True,
+    embeddings = replace(
+        _embeddings(k, hidden, tied=True, max_positions=max_positions, vocab=vocab, scaled=True),
         logit_softcap=_softcap(k, "final_logit_softcapping", caps[0]),
     )
-    attention = Attention(
-        heads=heads,
-        kv_heads=_kv_heads(k, "num_key_value_heads", heads),
-        head_dim=k.size("head_dim", 256),
-        qkv_bias=bias,
-        o_bias=bias,
+    attention = replace(
+        _gemma_attention(k, heads, bias),
         sliding_window=window,
         window_layers=sum(slides),
         last_layer_slides=slides[-1],
@@ -192,22 +164,11 @@ def _gemma2_like(
 GEMMA2 = Reader(
     "gemma2",
     keys={
-        "hidden_size": "embeddings.hidden",
-        "vocab_size": "embeddings.vocab",
-        "tie_word_embeddings": "embeddings.tied",
-        "max_position_embeddings": "embeddings.max_positions",
+        **_GEMMA_KEYS,
         "final_logit_softcapping": "embeddings.logit_softcap",
-        "num_hidden_layers": "layers",
-        "num_attention_heads": "attention.heads",
-        "num_key_value_heads": "attention.kv_heads",
-        "head_dim": "attention.head_dim",
-        "attention_bias": "attention.qkv_bias, attention.o_bias",
-        "attention_dropout": "attention.dropout (0 only)",
         "attn_logit_softcapping": "attention.softcap",
         "sliding_window": "attention.sliding_window",
         "layer_types": "attention.window_layers, attention.last_layer_slides",
-        "use_bidirectional_attention": "(false or null only)",
-        "intermediate_size": "mlp.intermediate",
         "hidden_activation": "mlp.activation",
         "hidden_act": "mlp.activation (when hidden_activation is absent)",
     },

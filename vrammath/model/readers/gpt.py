@@ -11,20 +11,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vrammath.model.readers.keys import Keys, Parts, Reader
+from vrammath.model.readers.keys import (
+    _ATTENTION_BIAS,
+    _SIZE_KEYS,
+    Keys,
+    Parts,
+    Reader,
+    _embeddings,
+)
 from vrammath.model.spec import MLP, Attention, Embeddings, Norms
-from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.errors import InputError
 from vrammath.notation.vocab import GELU_VARIANTS
 
 
-def _gpt2(k: Keys) -> Parts:
-    hidden = k.size("n_embd")
-    heads = k.size("n_head")
+def _heads(k: Keys, hidden_key: str, heads_key: str) -> tuple[int, int]:
+    """The hidden size and the (multi-head) heads, which must divide it: a head is h / a wide."""
+    hidden = k.size(hidden_key)
+    heads = k.size(heads_key)
     if hidden % heads:
-        raise InputError("n_head", f"must divide n_embd={hidden}", got=heads)
-    activation = k.raw("activation_function", "gelu_new")
-    if activation not in GELU_VARIANTS:
-        raise one_of("activation_function", activation, GELU_VARIANTS)
+        raise InputError(heads_key, f"must divide {hidden_key}={hidden}", got=heads)
+    return hidden, heads
+
+
+def _gpt2(k: Keys) -> Parts:
+    hidden, heads = _heads(k, "n_embd", "n_head")
+    activation = k.choice("activation_function", "gelu_new", GELU_VARIANTS)
     k.off("reorder_and_upcast_attn", False, "must be false (the upcast attention is not modelled)")
     k.off(
         "scale_attn_by_inverse_layer_idx",
@@ -55,7 +66,7 @@ def _gpt2(k: Keys) -> Parts:
     mlp = MLP(
         intermediate=k.size("n_inner", 4 * hidden),
         gated=False,
-        activation=str(activation),
+        activation=activation,
         bias=True,
         dropout=resid,
     )
@@ -116,13 +127,8 @@ def _zero(k: Keys, key: str) -> None:
 
 
 def _gpt_neox(k: Keys) -> Parts:
-    hidden = k.size("hidden_size")
-    heads = k.size("num_attention_heads")
-    if hidden % heads:
-        raise InputError("num_attention_heads", f"must divide hidden_size={hidden}", got=heads)
-    activation = k.raw("hidden_act", "gelu")
-    if activation not in NEOX_ACTIVATIONS:
-        raise one_of("hidden_act", activation, NEOX_ACTIVATIONS)
+    hidden, heads = _heads(k, "hidden_size", "num_attention_heads")
+    activation = k.choice("hidden_act", "gelu", NEOX_ACTIVATIONS)
     _zero(k, "attention_dropout")
     _zero(k, "hidden_dropout")
     head_dim = hidden // heads
@@ -130,13 +136,7 @@ def _gpt_neox(k: Keys) -> Parts:
     if rotary == 0:
         raise InputError("rotary_pct", f"rotates no dimension of head_dim={head_dim}")
     bias = k.flag("attention_bias", True)
-    embeddings = Embeddings(
-        vocab=k.size("vocab_size"),
-        hidden=hidden,
-        tied=k.flag("tie_word_embeddings", False),
-        learned_positions=False,
-        max_positions=k.size("max_position_embeddings", 2048),
-    )
+    embeddings = _embeddings(k, hidden, tied=False, max_positions=2048)
     attention = Attention(
         heads=heads,
         kv_heads=heads,
@@ -147,7 +147,7 @@ def _gpt_neox(k: Keys) -> Parts:
         rotary_dim=None if rotary == head_dim else rotary,
     )
     mlp = MLP(
-        intermediate=k.size("intermediate_size"), gated=False, activation=str(activation), bias=True
+        intermediate=k.size("intermediate_size"), gated=False, activation=activation, bias=True
     )
     norms = Norms(kind="layernorm", parallel_residual=k.flag("use_parallel_residual", True))
     return k.size("num_hidden_layers"), embeddings, attention, mlp, norms
@@ -156,18 +156,13 @@ def _gpt_neox(k: Keys) -> Parts:
 GPT_NEOX = Reader(
     "gpt_neox",
     keys={
-        "hidden_size": "embeddings.hidden",
-        "vocab_size": "embeddings.vocab",
-        "tie_word_embeddings": "embeddings.tied",
-        "max_position_embeddings": "embeddings.max_positions",
-        "num_hidden_layers": "layers",
+        **_SIZE_KEYS,
+        **_ATTENTION_BIAS,
         "num_attention_heads": "attention.heads (= kv_heads)",
-        "attention_bias": "attention.qkv_bias, attention.o_bias",
         "attention_dropout": "attention.dropout (0 only)",
         "hidden_dropout": "(0 only)",
         "rotary_pct": "attention.rotary_dim",
         "rope_parameters": "attention.rotary_dim (partial_rotary_factor)",
-        "intermediate_size": "mlp.intermediate",
         "hidden_act": "mlp.activation",
         "use_parallel_residual": "norms.parallel_residual",
     },

@@ -23,7 +23,7 @@ from vrammath.model.spec import (
     ModelSpec,
     Norms,
 )
-from vrammath.notation.errors import InputError
+from vrammath.notation.errors import InputError, one_of
 
 MAX_SIZE = 2**40
 """Largest integer a config may hold for a size or count (elements, heads, layers, positions)."""
@@ -78,6 +78,28 @@ token ids, initialisation, the dtype of saved weights: the setup's precision dec
 # Keys whose only memory-relevant value is "off": refused when on.
 _MUST_BE_OFF = ("output_attentions", "output_hidden_states")
 
+_SIZE_KEYS: Mapping[str, str] = {
+    "hidden_size": "embeddings.hidden",
+    "vocab_size": "embeddings.vocab",
+    "tie_word_embeddings": "embeddings.tied",
+    "max_position_embeddings": "embeddings.max_positions",
+    "num_hidden_layers": "layers",
+    "intermediate_size": "mlp.intermediate",
+}
+"""The sizes under transformers' usual names (every reader's but GPT-2's): a reader's table starts
+from them and adds its own keys."""
+
+_GQA_KEYS: Mapping[str, str] = {
+    **_SIZE_KEYS,
+    "num_attention_heads": "attention.heads",
+    "num_key_value_heads": "attention.kv_heads",
+    "head_dim": "attention.head_dim",
+}
+"""The sizes with grouped-query heads of a stated (or derived) width: every reader's but GPT-2's
+and GPT-NeoX's, whose heads are multi-head and ``h / a`` wide."""
+
+_ATTENTION_BIAS: Mapping[str, str] = {"attention_bias": "attention.qkv_bias, attention.o_bias"}
+
 
 class Keys:
     """A config being read: typed, bounded access to the keys its reader's table lists."""
@@ -117,6 +139,13 @@ class Keys:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
             raise InputError(key, "must be a number in [0, 1)", got=value)
         return float(value)
+
+    def choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
+        """One of the strings ``allowed``."""
+        value = self.raw(key, default)
+        if value not in allowed:
+            raise one_of(key, value, allowed)
+        return str(value)
 
     def off(self, key: str, default: object, allowed: str) -> None:
         """The key must keep its default (the only value modelled)."""
@@ -200,6 +229,51 @@ def _head_dim(k: Keys, hidden: int, heads: int) -> int:
             f"num_attention_heads={heads}",
         )
     return hidden // heads
+
+
+def _embeddings(
+    k: Keys,
+    hidden: int,
+    *,
+    tied: bool,
+    max_positions: int,
+    vocab: object = ...,
+    scaled: bool = False,
+) -> Embeddings:
+    """Token embeddings read from transformers' usual keys; positions are rotary (no table).
+    ``tied``, ``max_positions`` and ``vocab`` are the config class's defaults (``...``: none)."""
+    return Embeddings(
+        vocab=k.size("vocab_size", vocab),
+        hidden=hidden,
+        tied=k.flag("tie_word_embeddings", tied),
+        learned_positions=False,
+        max_positions=k.size("max_position_embeddings", max_positions),
+        scaled=scaled,
+    )
+
+
+def _attention(
+    k: Keys,
+    hidden: int,
+    heads: int,
+    *,
+    qkv_bias: bool,
+    o_bias: bool,
+    window: int | None,
+    window_layers: int,
+) -> Attention:
+    """Grouped-query attention (:data:`_GQA_KEYS`), ``window_layers`` of its layers sliding over
+    ``window`` tokens (none without a window)."""
+    return Attention(
+        heads=heads,
+        kv_heads=_kv_heads(k, "num_key_value_heads", heads),
+        head_dim=_head_dim(k, hidden, heads),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        sliding_window=window,
+        window_layers=window_layers if window is not None else 0,
+        dropout=k.probability("attention_dropout", 0.0),
+    )
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,25 @@ Examples
 
 from __future__ import annotations
 
-from vrammath.model.readers.keys import Keys, Parts, Reader, _head_dim, _kv_heads, bounded_int
-from vrammath.model.spec import MLP, Attention, Embeddings, Norms
-from vrammath.notation.errors import InputError, one_of
+from collections.abc import Callable, Mapping
 
-_DECODER_KEYS: dict[str, str] = {
-    "hidden_size": "embeddings.hidden",
-    "vocab_size": "embeddings.vocab",
-    "tie_word_embeddings": "embeddings.tied",
-    "max_position_embeddings": "embeddings.max_positions",
-    "num_hidden_layers": "layers",
-    "num_attention_heads": "attention.heads",
-    "num_key_value_heads": "attention.kv_heads",
-    "head_dim": "attention.head_dim",
+from vrammath.model.readers.keys import (
+    _ATTENTION_BIAS,
+    _GQA_KEYS,
+    Extra,
+    Keys,
+    Parts,
+    Reader,
+    _attention,
+    _embeddings,
+    bounded_int,
+)
+from vrammath.model.spec import MLP, Norms
+from vrammath.notation.errors import InputError
+
+_DECODER_KEYS: Mapping[str, str] = {
+    **_GQA_KEYS,
     "attention_dropout": "attention.dropout",
-    "intermediate_size": "mlp.intermediate",
     "hidden_act": "mlp.activation (silu only)",
 }
 
@@ -39,6 +43,20 @@ _DECODER_HARMLESS: tuple[str, ...] = (
 splits the matmuls of the model's pretraining only when > 1, which transformers 5 ignores."""
 
 
+def _decoder_reader(
+    model_type: str,
+    parts: Callable[[Keys], Parts],
+    keys: Mapping[str, str],
+    harmless: tuple[str, ...] = (),
+    extra: Callable[[Keys], Extra] | None = None,
+) -> Reader:
+    """A reader of a LLaMA-style config: :data:`_DECODER_KEYS` and ``keys`` (which win), the
+    decoder's harmless keys and ``harmless``, less those the reader models."""
+    table = {**_DECODER_KEYS, **keys}
+    known = (*_DECODER_HARMLESS, *harmless)
+    return Reader(model_type, table, tuple(x for x in known if x not in table), parts, extra)
+
+
 def _decoder_parts(
     k: Keys,
     *,
@@ -52,25 +70,16 @@ def _decoder_parts(
     hidden = k.size("hidden_size")
     heads = k.size("num_attention_heads")
     layers = k.size("num_hidden_layers")
-    activation = k.raw("hidden_act", "silu")
-    if activation != "silu":
-        raise one_of("hidden_act", activation, ["silu"])
-    embeddings = Embeddings(
-        vocab=k.size("vocab_size"),
-        hidden=hidden,
-        tied=k.flag("tie_word_embeddings", False),
-        learned_positions=False,
-        max_positions=k.size("max_position_embeddings", 2048),
-    )
-    attention = Attention(
-        heads=heads,
-        kv_heads=_kv_heads(k, "num_key_value_heads", heads),
-        head_dim=_head_dim(k, hidden, heads),
+    k.choice("hidden_act", "silu", ("silu",))
+    embeddings = _embeddings(k, hidden, tied=False, max_positions=2048)
+    attention = _attention(
+        k,
+        hidden,
+        heads,
         qkv_bias=qkv_bias,
         o_bias=o_bias,
-        sliding_window=window,
-        window_layers=window_layers if window is not None else 0,
-        dropout=k.probability("attention_dropout", 0.0),
+        window=window,
+        window_layers=window_layers,
     )
     mlp = MLP(
         intermediate=k.size("intermediate_size"), gated=True, activation="silu", bias=mlp_bias
@@ -90,8 +99,28 @@ def _llama(k: Keys) -> Parts:
     )
 
 
+def _window(k: Keys) -> int | None:
+    """A sliding window, recorded on every layer (``sliding_window`` null or absent: none)."""
+    return k.size("sliding_window") if k.has("sliding_window") else None
+
+
+def _layer_pattern(k: Keys, layers: int, default: list[bool]) -> list[bool]:
+    """Which layers slide: the config's ``layer_types`` or the architecture's default."""
+    if not k.has("layer_types"):
+        return default
+    kinds = k.raw("layer_types")
+    allowed = ("full_attention", "sliding_attention")
+    if not isinstance(kinds, list) or len(kinds) != layers or any(x not in allowed for x in kinds):
+        raise InputError(
+            "layer_types",
+            f"must list {layers} values (num_hidden_layers), each one of " + ", ".join(allowed),
+            got=kinds,
+        )
+    return [x == "sliding_attention" for x in kinds]
+
+
 def _mistral(k: Keys) -> Parts:
-    window = k.size("sliding_window") if k.has("sliding_window") else None
+    window = _window(k)
     return _decoder_parts(
         k,
         qkv_bias=False,
@@ -112,19 +141,7 @@ def _qwen2(k: Keys) -> Parts:
     full_layers = bounded_int("max_window_layers", k.raw("max_window_layers", 28), low=0)
     window_layers = max(layers - full_layers, 0) if use_window and window is not None else 0
     if k.has("layer_types"):
-        kinds = k.raw("layer_types")
-        allowed = ("full_attention", "sliding_attention")
-        if (
-            not isinstance(kinds, list)
-            or len(kinds) != layers
-            or any(x not in allowed for x in kinds)
-        ):
-            raise InputError(
-                "layer_types",
-                f"must list {layers} values (num_hidden_layers), each one of " + ", ".join(allowed),
-                got=kinds,
-            )
-        window_layers = kinds.count("sliding_attention")
+        window_layers = sum(_layer_pattern(k, layers, []))
         if window_layers and (not use_window or window is None):
             raise InputError(
                 "layer_types",
@@ -141,34 +158,21 @@ def _qwen2(k: Keys) -> Parts:
     )
 
 
-LLAMA = Reader(
-    "llama",
-    keys={
-        **_DECODER_KEYS,
-        "attention_bias": "attention.qkv_bias, attention.o_bias",
-        "mlp_bias": "mlp.bias",
-    },
-    harmless=_DECODER_HARMLESS,
-    parts=_llama,
+LLAMA = _decoder_reader("llama", _llama, {**_ATTENTION_BIAS, "mlp_bias": "mlp.bias"})
+
+MISTRAL = _decoder_reader(
+    "mistral", _mistral, {"sliding_window": "attention.sliding_window (every layer)"}
 )
 
-MISTRAL = Reader(
-    "mistral",
-    keys={**_DECODER_KEYS, "sliding_window": "attention.sliding_window (every layer)"},
-    harmless=_DECODER_HARMLESS,
-    parts=_mistral,
-)
-
-QWEN2 = Reader(
+QWEN2 = _decoder_reader(
     "qwen2",
-    keys={
-        **_DECODER_KEYS,
+    _qwen2,
+    {
         "use_sliding_window": "attention.sliding_window (on or off)",
         "sliding_window": "attention.sliding_window",
         "max_window_layers": "attention.window_layers (layers from this index slide)",
         "layer_types": "attention.window_layers (count of sliding_attention)",
     },
     # use_mrope is Qwen2-VL's multimodal RoPE flag; Qwen2ForCausalLM never reads it
-    harmless=(*_DECODER_HARMLESS, "use_mrope"),
-    parts=_qwen2,
+    harmless=("use_mrope",),
 )

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vrammath.model.readers.keys import Extra, Keys, Parts, Reader, bounded_int, divisors_text
-from vrammath.model.readers.llama import _DECODER_HARMLESS, _DECODER_KEYS, _mistral
+from vrammath.model.readers.keys import (
+    _ATTENTION_BIAS,
+    Extra,
+    Keys,
+    Parts,
+    bounded_int,
+    divisors_text,
+)
 from vrammath.model.readers.llama import _decoder_parts as _dense_parts
+from vrammath.model.readers.llama import _decoder_reader, _mistral
 from vrammath.model.spec import Experts, LatentAttention
-from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.errors import InputError
 
 _MOE_HARMLESS: tuple[str, ...] = ("router_aux_loss_coef",)
 """The auxiliary load-balancing loss's weight scales a scalar; it keeps no tensor."""
@@ -178,9 +185,7 @@ _ROUTER_KINDS = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
 
 def _deepseek_v3_extra(k: Keys) -> Extra:
     for key, only in _ROUTER_KINDS.items():
-        value = k.raw(key, only)
-        if value != only:
-            raise one_of(key, value, [only])
+        k.choice(key, only, (only,))
     count, top_k = _routing(k, "n_routed_experts")
     groups = k.size("n_group", 8)  # transformers' defaults: 8 groups, 4 chosen
     if count % groups:
@@ -243,7 +248,6 @@ _MOE_ROUTING_KEYS: dict[str, str] = {
 }
 
 _QWEN_MOE_KEYS: dict[str, str] = {
-    **_DECODER_KEYS,
     **_MOE_ROUTING_KEYS,
     "num_experts": "experts.count",
     "moe_intermediate_size": "experts.intermediate",
@@ -252,47 +256,46 @@ _QWEN_MOE_KEYS: dict[str, str] = {
     "mlp_only_layers": "experts.layers (these are dense)",
     "use_sliding_window": "(false only)",
 }
-_QWEN_MOE_HARMLESS = (*_DECODER_HARMLESS, *_MOE_HARMLESS, "max_window_layers", "sliding_window")
+_QWEN_MOE_HARMLESS = (*_MOE_HARMLESS, "max_window_layers", "sliding_window")
 """With ``use_sliding_window`` false, transformers reads neither the window nor its layers."""
 
-MIXTRAL = Reader(
+MIXTRAL = _decoder_reader(
     "mixtral",
-    keys={
-        **_DECODER_KEYS,
+    _mixtral,
+    {
         **_MOE_ROUTING_KEYS,
         "sliding_window": "attention.sliding_window (every layer)",
         "num_local_experts": "experts.count",
         "router_jitter_noise": "(0 only)",
     },
-    harmless=(*_DECODER_HARMLESS, *_MOE_HARMLESS),
-    parts=_mixtral,
+    harmless=_MOE_HARMLESS,
     extra=_mixtral_extra,
 )
 
-QWEN2_MOE = Reader(
+QWEN2_MOE = _decoder_reader(
     "qwen2_moe",
-    keys={
+    _qwen2_moe,
+    {
         **_QWEN_MOE_KEYS,
         "qkv_bias": "attention.qkv_bias",
         "shared_expert_intermediate_size": "experts.shared_intermediate (with a sigmoid gate)",
     },
     harmless=_QWEN_MOE_HARMLESS,
-    parts=_qwen2_moe,
     extra=lambda k: _qwen_moe_extra(k, shared=True),
 )
 
-QWEN3_MOE = Reader(
+QWEN3_MOE = _decoder_reader(
     "qwen3_moe",
-    keys={**_QWEN_MOE_KEYS, "attention_bias": "attention.qkv_bias, attention.o_bias"},
+    _qwen3_moe,
+    {**_QWEN_MOE_KEYS, **_ATTENTION_BIAS},
     harmless=_QWEN_MOE_HARMLESS,
-    parts=_qwen3_moe,
     extra=lambda k: _qwen_moe_extra(k, shared=False),
 )
 
-DEEPSEEK_V3 = Reader(
+DEEPSEEK_V3 = _decoder_reader(
     "deepseek_v3",
-    keys={
-        **_DECODER_KEYS,
+    _deepseek_v3,
+    {
         **_MOE_ROUTING_KEYS,
         "attention_bias": "(false only)",
         "head_dim": "(qk_rope_head_dim only: transformers sets it)",
@@ -315,7 +318,6 @@ DEEPSEEK_V3 = Reader(
         "num_nextn_predict_layers": "mtp_layers (not built by transformers)",
     },
     harmless=(
-        *_DECODER_HARMLESS,
         "auto_map",
         "aux_loss_alpha",
         "ep_size",
@@ -324,7 +326,6 @@ DEEPSEEK_V3 = Reader(
         "routed_scaling_factor",
         "seq_aux",
     ),
-    parts=_deepseek_v3,
     extra=_deepseek_v3_extra,
 )
 """``auto_map`` names the Hub's remote code (transformers has its own); ``ep_size`` is that

@@ -58,27 +58,10 @@ from dataclasses import dataclass
 
 import sympy
 
-from vrammath.model.params import Tensor
+from vrammath.model.params import Tensor, tensors
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
-from vrammath.notation.symbols import (
-    E,
-    I,
-    I_e,
-    I_s,
-    L,
-    L_e,
-    a,
-    a_kv,
-    d,
-    d_n,
-    d_r,
-    d_v,
-    h,
-    r,
-    r_kv,
-    r_q,
-)
+from vrammath.notation.symbols import E, I, I_e, I_s, L, L_e, a, a_kv, d, h, r
 from vrammath.terms.lora.targets import (
     FUSED_MODULES,
     HF_MODULES,
@@ -244,17 +227,22 @@ def _refuse(spec: ModelSpec, name: str) -> InputError:
 def _attention_shapes(
     spec: ModelSpec,
 ) -> tuple[dict[str, tuple[sympy.Expr, sympy.Expr]], dict[str, str]]:
-    """The attention projections of a MoE or MLA model: shapes and modules by target."""
+    """The attention projections of a MoE or MLA model: shapes and modules by target.
+
+    Latent attention's are its weights in :func:`vrammath.model.params.tensors`, each (out, in),
+    named as the target with ``_proj`` (``kv_a``: ``_proj_with_mqa``)."""
     if spec.latent is None:
         shapes = {t: _SHAPES[t] for t in ("q", "k", "v", "o")}
         return shapes, {t: HF_MODULES[t] for t in shapes}
-    q_out = a * (d_n + d_r)
-    shapes = (
-        {"q": (h, q_out)} if spec.latent.q_rank is None else {"q_a": (h, r_q), "q_b": (r_q, q_out)}
+    modules = {
+        w.name.split(".")[1].removesuffix("_with_mqa").removesuffix("_proj"): w
+        for w in tensors(spec)
+        if w.component == "attention"
+    }
+    return (
+        {t: (w.shape[1], w.shape[0]) for t, w in modules.items()},
+        {t: w.name.removesuffix(".weight") for t, w in modules.items()},
     )
-    shapes |= {"kv_a": (h, r_kv + d_r), "kv_b": (r_kv, a * (d_n + d_v)), "o": (a * d_v, h)}
-    names = {"q": "q_proj", "q_a": "q_a_proj", "q_b": "q_b_proj", "kv_a": "kv_a_proj_with_mqa"}
-    return shapes, {t: "self_attn." + names.get(t, f"{t}_proj") for t in shapes}
 
 
 def _attention_linears(spec: ModelSpec, names: set[str], whole: bool) -> list[AdaptedLinear]:
