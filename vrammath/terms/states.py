@@ -126,8 +126,9 @@ RECIPES: dict[str, Recipe] = {
     )
 }
 
-# optimizer -> number of full-size state tensors it keeps per parameter tensor
-_STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
+#: optimizer -> number of full-size state tensors it keeps per parameter tensor (the optimizers
+#: whose states are proportional to the parameters)
+STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam8bit", "adafactor")
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 
@@ -148,6 +149,24 @@ def _check_optimizer(optimizer: str) -> None:
         raise one_of("optimizer", optimizer, OPTIMIZERS)
 
 
+def proportional_widths(rec: Recipe, optimizer: str, refusal: str) -> dict[str, int]:
+    """Bytes per parameter of each model state under ``rec``, for an optimizer of
+    :data:`STATE_TENSORS`; any other (its states depend on tensor shapes) is refused with the
+    message ``refusal``.
+
+    >>> proportional_widths(recipe("bf16-pure"), "sgd-momentum", "no")
+    {'weights': 2, 'gradients': 2, 'master': 0, 'optimizer': 2}
+    """
+    if optimizer not in STATE_TENSORS:
+        raise InputError("optimizer", refusal, got=optimizer)
+    return {
+        "weights": rec.weights,
+        "gradients": rec.gradients,
+        "master": rec.master,
+        "optimizer": STATE_TENSORS[optimizer] * rec.state,
+    }
+
+
 def bytes_per_param(recipe_name: str, optimizer: str) -> dict[str, int]:
     """Bytes per parameter of each model state, for optimizers proportional to the parameters.
 
@@ -155,19 +174,12 @@ def bytes_per_param(recipe_name: str, optimizer: str) -> dict[str, int]:
     """
     rec = recipe(recipe_name)
     _check_optimizer(optimizer)
-    if optimizer not in _STATE_TENSORS:
-        raise InputError(
-            "optimizer",
-            f"{optimizer}'s states depend on tensor shapes; per-parameter bytes need a model "
-            "(use model_state_exprs); proportional optimizers: " + ", ".join(_STATE_TENSORS),
-            got=optimizer,
-        )
-    return {
-        "weights": rec.weights,
-        "gradients": rec.gradients,
-        "master": rec.master,
-        "optimizer": _STATE_TENSORS[optimizer] * rec.state,
-    }
+    return proportional_widths(
+        rec,
+        optimizer,
+        f"{optimizer}'s states depend on tensor shapes; per-parameter bytes need a model "
+        "(use model_state_exprs); proportional optimizers: " + ", ".join(STATE_TENSORS),
+    )
 
 
 def tensor_optimizer_expr(
@@ -197,8 +209,8 @@ def tensor_optimizer_expr(
     total = sympy.Integer(0)
     for tensor in tensor_list:
         numel = tensor.numel
-        if optimizer in _STATE_TENSORS:
-            one = _STATE_TENSORS[optimizer] * state_bytes * numel
+        if optimizer in STATE_TENSORS:
+            one = STATE_TENSORS[optimizer] * state_bytes * numel
         elif optimizer == "adam8bit":
             if int(numel.subs(values)) >= BNB_MIN_8BIT_SIZE:
                 one = 2 * (numel + 4 * sympy.ceiling(numel / BNB_BLOCK))  # uint8 + fp32 absmax
@@ -243,8 +255,8 @@ def model_state_exprs(
         "gradients": rec.gradients * P,
         "master": rec.master * P,
     }
-    if optimizer in _STATE_TENSORS:
-        out["optimizer"] = _STATE_TENSORS[optimizer] * rec.state * P
+    if optimizer in STATE_TENSORS:
+        out["optimizer"] = STATE_TENSORS[optimizer] * rec.state * P
     elif optimizer == "adam8bit":
         out["optimizer"] = _adam8bit_expr(spec)
     else:
@@ -252,11 +264,11 @@ def model_state_exprs(
     fp32 = fp32_param_expr(spec)
     if fp32 != 0:  # kept in fp32 by transformers: their states are 4 bytes whatever the recipe
         widths = {"weights": rec.weights, "gradients": rec.gradients}
-        if optimizer in _STATE_TENSORS:
+        if optimizer in STATE_TENSORS:
             widths["optimizer"] = rec.state
         for key, width in widths.items():
             if 0 < width < 4:
-                per_param = _STATE_TENSORS[optimizer] if key == "optimizer" else 1
+                per_param = STATE_TENSORS[optimizer] if key == "optimizer" else 1
                 out[key] = out[key] + per_param * (4 - width) * fp32
     return out
 
@@ -392,6 +404,7 @@ __all__ = [
     "IMPLEMENTATIONS",
     "OPTIMIZERS",
     "RECIPES",
+    "STATE_TENSORS",
     "Recipe",
     "bytes_per_param",
     "model_state_bytes",
@@ -399,6 +412,7 @@ __all__ = [
     "optimizer_step_temp_bytes",
     "optimizer_step_temp_expr",
     "optimizer_table",
+    "proportional_widths",
     "recipe",
     "state_values",
     "step_temporaries_expr",

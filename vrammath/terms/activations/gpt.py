@@ -27,6 +27,7 @@ from vrammath.terms.activations.parts import (
     Precision,
     _check,
     _dropout_mask_bytes,
+    _eager_softmax_kept,
     _math_kernel_dropout_kept,
     _norm_kept,
     _precision,
@@ -194,7 +195,7 @@ def neox_layer_terms(
     stats = norm - c * sb * h
     norms = norm + stats if spec.norms.parallel_residual else 2 * norm
     kept_v = 4 * c * sb * h if attention == "sdpa" else c * sb * h
-    scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b if attention == "eager" else 4 * a * s * b
+    scores = _eager_softmax_kept(c) if attention == "eager" else 4 * a * s * b
     return {
         "norms": sympy.expand(norms),
         "inputs": 2 * c * sb * h,

@@ -31,9 +31,11 @@ from vrammath.terms.activations.parts import (
     Precision,
     _check,
     _dropout_mask_bytes,
+    _eager_softmax_kept,
     _math_kernel_dropout_kept,
     _norm_kept,
     _precision,
+    _total,
     _unit_offset_norm_kept,
 )
 
@@ -177,7 +179,7 @@ def hf_layer_terms(
         q_bytes = 4 if autocast and not spec.attention.rope_fp32 else c
         scores = (4 + _dropout_mask_bytes(q_bytes, device) + c) * a * s**2 * b
     else:
-        scores = (4 + (0 if c == 4 else 2)) * a * s**2 * b
+        scores = _eager_softmax_kept(c)
     if softcap:  # cap * tanh(scores / cap): tanh keeps its output
         scores += c * a * s**2 * b
     output = c * sb * a * d + (M * sb * h if spec.attention.output_dropout > 0 else 0)
@@ -310,8 +312,9 @@ def hf_layer_bytes(
     >>> hf_layer_bytes(load_model("llama-7b"), "sdpa", "bf16")
     8*I*b*s + 4*a*b*d*s + 4*a*b*s + 4*a_kv*b*d*s + 16*b*h*s + 8*b*s
     """
-    terms = hf_layer_terms(spec, attention, precision, gelu=gelu, device=device, sliding=sliding)
-    return sympy.expand(sum(terms.values(), sympy.Integer(0)))
+    return _total(
+        hf_layer_terms(spec, attention, precision, gelu=gelu, device=device, sliding=sliding)
+    )
 
 
 __all__ = ["hf_layer_bytes", "hf_layer_terms", "qk_norm_bytes", "window_reached"]

@@ -43,6 +43,7 @@ from vrammath.terms.activations.parts import (
     _norm_kept,
     _precision,
     _residual_bytes,
+    _total,
     _unit_offset_norm_kept,
 )
 from vrammath.terms.moe.params import moe_mlp_kept_exprs
@@ -262,8 +263,9 @@ def hf_activation_bytes(
     >>> round(e.subs({**size_values(spec), b: 1, s: 4096}) / 2**30, 2)
     23.38
     """
-    terms = hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
-    return sympy.expand(sum(terms.values(), sympy.Integer(0)))
+    return _total(
+        hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
+    )
 
 
 def activation_exprs(

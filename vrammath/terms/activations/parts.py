@@ -16,13 +16,14 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal, TypeAlias
 
 import sympy
 
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError, one_of
-from vrammath.notation.symbols import a, b, d, h, s
+from vrammath.notation.symbols import a, b, d, h, s, t
 
 Parallel = Literal["none", "tp", "tp_sp"]
 Recompute = Literal["none", "selective", "full"]
@@ -53,6 +54,26 @@ def _number(field: str, value: object) -> sympy.Expr:
     if isinstance(value, sympy.Expr):
         return value
     raise InputError(field, "must be an int or a sympy expression", got=value)
+
+
+def _tp_divisors(parallel: str) -> tuple[sympy.Expr, sympy.Expr]:
+    """(inner, outer) divisors of Korthikanti et al.'s parallelisms, ``parallel`` checked.
+
+    Tensor parallelism (``"tp"``) splits what lies inside the column/row-parallel regions (1/t)
+    and replicates the rest; sequence parallelism (``"tp_sp"``) splits the rest too.
+
+    >>> _tp_divisors("tp")
+    (1/t, 1)
+    """
+    _check("parallel", parallel, PARALLEL)
+    inner = 1 / t if parallel in ("tp", "tp_sp") else sympy.Integer(1)
+    outer = 1 / t if parallel == "tp_sp" else sympy.Integer(1)
+    return inner, outer
+
+
+def _total(terms: Mapping[str, sympy.Expr]) -> sympy.Expr:
+    """The terms summed and expanded: what a ``*_bytes`` function gives of its ``*_terms``."""
+    return sympy.expand(sum(terms.values(), sympy.Integer(0)))
 
 
 #: head_dim above which transformers' SDPA path repeats K/V instead of passing enable_gqa.
@@ -93,6 +114,12 @@ def _math_kernel_dropout_kept() -> tuple[sympy.Expr, sympy.Expr]:
     memory-efficient kernels apply dropout inside and keep only the log-sum-exp.
     """
     return 12 * s * b * a * d, 12 * a * s**2 * b
+
+
+def _eager_softmax_kept(c: int) -> sympy.Expr:
+    """What eager attention keeps of the probabilities (LLaMA's, GPT-NeoX's): the fp32 softmax
+    output (``softmax(dtype=float32)``) and its cast back to c bytes, none where c is 4."""
+    return (4 + (0 if c == 4 else 2)) * a * s**2 * b
 
 
 def _norm_kept(spec: ModelSpec, precision: str, device: str) -> sympy.Expr:

@@ -14,6 +14,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import sympy
@@ -139,13 +140,19 @@ def hf_last_layer_forward_bytes(
         return None
     sb = s * b
     terms = hf_layer_terms(spec, attention, precision, device=device)
-    later = terms["mlp"] + terms["norms"] / 2 + terms["output"] + terms["scores"] + c * sb * h
+    later = _after_attention(terms, c) + terms["scores"]
     repeated = spec.attention.kv_heads < spec.attention.heads
     originals = 2 * c * sb * a_kv * d if repeated else 0
     own = 2 * c * sb * h if c == 2 else 0  # the residual and inputs_embeds
     scores = (10 if device == "cpu" and c == 2 else 8) * a * s**2 * b
     live = c * b * s**2 + 8 * s + own + originals + scores
     return {"later": sympy.expand(later), "live": sympy.expand(live)}
+
+
+def _after_attention(terms: Mapping[str, sympy.Expr], c: int) -> sympy.Expr:
+    """What a layer (:func:`~vrammath.terms.activations.layer.hf_layer_terms`) keeps after its
+    attention: the MLP's tensors, the second norm's, ``o_proj``'s input and the MLP's input."""
+    return terms["mlp"] + terms["norms"] / 2 + terms["output"] + c * s * b * h
 
 
 def _gpt2_mlp_backward_bytes(spec: ModelSpec, c: int, res: int, device: str) -> sympy.Expr:
@@ -209,8 +216,7 @@ def hf_math_attention_forward_bytes(
     if autocast or spec.attention.dropout == 0 or spec.attention.fused_qkv:
         return None
     sb = s * b
-    terms = hf_layer_terms(spec, "sdpa", precision, device="cpu")
-    later = terms["mlp"] + terms["norms"] / 2 + terms["output"] + c * sb * h
+    later = _after_attention(hf_layer_terms(spec, "sdpa", precision, device="cpu"), c)
     own = 2 * c * sb * h if c == 2 else 0
     copies = 2 if spec.attention.kv_heads < spec.attention.heads else 1  # no K repeat in MHA
     live = 8 * s + 4 * s**2 + own + c * sb * (a + 2 * a_kv) * d + c * sb * a * d
@@ -260,7 +266,7 @@ def hf_top_layer_backward_bytes(
     sb = s * b
     terms = hf_layer_terms(spec, attention, precision, device=device)
     probs = 2 * a * s**2 * b if c == 2 else 0
-    freed = terms["mlp"] + terms["norms"] / 2 + terms["output"] + c * sb * h + probs
+    freed = _after_attention(terms, c) + probs
     freed += c * sb * a * d  # the repeated V
     in_flight = c * sb * h + c * sb * a * d + 8 * a * s**2 * b
     return {"freed": sympy.expand(freed), "in_flight": sympy.expand(in_flight)}

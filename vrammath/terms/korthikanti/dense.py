@@ -30,6 +30,8 @@ from vrammath.terms.activations.parts import (
     Schedule,
     _check,
     _number,
+    _total,
+    _tp_divisors,
 )
 
 
@@ -96,17 +98,13 @@ def korthikanti_layer_terms(
     .. [1] V. Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
        Models", arXiv:2205.05198 (2022), Sections 4.1-4.3, 5.
     """
-    _check("parallel", parallel, PARALLEL)
+    inner, outer = _tp_divisors(parallel)
     _check("recompute", recompute, RECOMPUTE)
     B = _number("activation_bytes", activation_bytes)
     M = _number("dropout_mask_bytes", dropout_mask_bytes)
     f = _number("ffn_multiple", ffn_multiple)
     sbh = s * b * h
     score = a * s**2 * b
-    # what tensor parallelism splits (inside the parallel regions) vs what it replicates
-    split_tp = parallel in ("tp", "tp_sp")
-    inner = 1 / t if split_tp else sympy.Integer(1)
-    outer = 1 / t if parallel == "tp_sp" else sympy.Integer(1)
     if recompute == "full":
         zero = sympy.Integer(0)
         return {"attention": zero, "mlp": zero, "norms": zero, "input": B * sbh}
@@ -182,7 +180,7 @@ def korthikanti_layer_bytes(
         dropout_mask_bytes=dropout_mask_bytes,
         ffn_multiple=ffn_multiple,
     )
-    return sympy.expand(sum(terms.values(), sympy.Integer(0)))
+    return _total(terms)
 
 
 def korthikanti_interleave_factor(schedule: Schedule = "1f1b") -> sympy.Expr:
@@ -286,21 +284,12 @@ def korthikanti_first_stage_bytes(
 
     .. [1] V. Korthikanti et al., arXiv:2205.05198 (2022), Section 4.3, Equation 5.
     """
-    layer = korthikanti_layer_bytes(
-        parallel,
-        recompute,
-        activation_bytes=activation_bytes,
-        dropout_mask_bytes=dropout_mask_bytes,
-        ffn_multiple=ffn_multiple,
-    )
+    # the assumptions the layers and the extras share
+    widths = {"activation_bytes": activation_bytes, "dropout_mask_bytes": dropout_mask_bytes}
+    layer = korthikanti_layer_bytes(parallel, recompute, ffn_multiple=ffn_multiple, **widths)
     total = L * layer * korthikanti_interleave_factor(schedule)
     if extras:
-        extra = korthikanti_extra_terms(
-            parallel,
-            last_stage_on_first=last_stage_on_first,
-            activation_bytes=activation_bytes,
-            dropout_mask_bytes=dropout_mask_bytes,
-        )
+        extra = korthikanti_extra_terms(parallel, last_stage_on_first=last_stage_on_first, **widths)
         total = total + sum(extra.values(), sympy.Integer(0))
     return total
 

@@ -49,15 +49,15 @@ from __future__ import annotations
 
 import sympy
 
-from vrammath.notation.symbols import a, b, d_n, d_r, d_v, h, r_kv, r_q, s, t
+from vrammath.notation.symbols import a, b, d_n, d_r, d_v, h, r_kv, r_q, s
 from vrammath.terms.activations.parts import (
-    PARALLEL,
     RECOMPUTE,
     Number,
     Parallel,
     Recompute,
     _check,
     _number,
+    _tp_divisors,
 )
 
 
@@ -105,7 +105,7 @@ def mla_attention_terms(
     .. [1] DeepSeek-AI, arXiv:2405.04434 (2024), Section 2.1.2; arXiv:2412.19437 (2024),
        Sections 3.2.3, 3.3.3. V. Korthikanti et al., arXiv:2205.05198 (2022), Section 4.1.
     """
-    _check("parallel", parallel, PARALLEL)
+    inner_div, outer_div = _tp_divisors(parallel)
     _check("recompute", recompute, RECOMPUTE)
     B = _number("activation_bytes", activation_bytes)
     M = _number("dropout_mask_bytes", dropout_mask_bytes)
@@ -115,8 +115,6 @@ def mla_attention_terms(
     zero = sympy.Integer(0)
     if recompute == "full":
         return {"outer": zero, "inner": zero, "score": zero, "input": B * n * h}
-    inner_div = 1 / t if parallel in ("tp", "tp_sp") else sympy.Integer(1)
-    outer_div = 1 / t if parallel == "tp_sp" else sympy.Integer(1)
     q_rank = r_q if q_lora else zero
     if recompute_up_proj:  # kept: the input, the latents and the RoPE key
         outer = X * n * (h + q_rank + r_kv + d_r)

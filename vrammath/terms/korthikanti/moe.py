@@ -95,8 +95,8 @@ from typing import TypeAlias
 import sympy
 
 from vrammath.notation.errors import InputError
-from vrammath.notation.symbols import E, I, I_e, I_s, b, h, k_e, s, t
-from vrammath.terms.activations.parts import PARALLEL, Number, Parallel, _check, _number
+from vrammath.notation.symbols import E, I, I_e, I_s, b, h, k_e, s
+from vrammath.terms.activations.parts import Number, Parallel, _number, _tp_divisors
 
 #: A capacity factor or an imbalance, as a number (floats read as their shortest fraction) or
 #: as a sympy expression (a symbol such as ``c_f``).
@@ -250,14 +250,12 @@ def moe_mlp_terms(
     .. [1] W. Fedus et al., arXiv:2101.03961 (2021); V. Korthikanti et al., arXiv:2205.05198
        (2022), Section 4.1; DeepSeek-AI, arXiv:2412.19437 (2024), Sections 3.2.3 and 3.3.3.
     """
-    _check("parallel", parallel, PARALLEL)
+    inner, outer = _tp_divisors(parallel)
     B = _number("activation_bytes", activation_bytes)
     Br = _number("router_bytes", router_bytes)
     M = _number("dropout_mask_bytes", dropout_mask_bytes)
     rows = expert_rows(capacity_factor, imbalance=imbalance, pad=pad)
     n = b * s
-    inner = 1 / t if parallel in ("tp", "tp_sp") else sympy.Integer(1)
-    outer = 1 / t if parallel == "tp_sp" else sympy.Integer(1)
     kw = {"activation_bytes": B, "linear_input_bytes": linear_input_bytes}
     routed = swiglu_terms(rows, I_e, recompute_swiglu=recompute_swiglu, **kw)
     out = {
@@ -286,11 +284,9 @@ def dense_mlp_terms(
     >>> sum(dense_mlp_terms().values())
     6*I*b*s + 3*b*h*s
     """
-    _check("parallel", parallel, PARALLEL)
+    inner, outer = _tp_divisors(parallel)
     B = _number("activation_bytes", activation_bytes)
     M = _number("dropout_mask_bytes", dropout_mask_bytes)
-    inner = 1 / t if parallel in ("tp", "tp_sp") else sympy.Integer(1)
-    outer = 1 / t if parallel == "tp_sp" else sympy.Integer(1)
     mlp = swiglu_terms(b * s, I, activation_bytes=B, linear_input_bytes=linear_input_bytes)
     out = {
         "input": sympy.Integer(0) if recompute_norm else B * b * s * h * outer,

@@ -63,13 +63,11 @@ from vrammath.notation.errors import InputError, one_of
 from vrammath.notation.symbols import L, L_e, N_d, P, P_e, n_ep, p, t
 from vrammath.terms.moe.params import check_ep, mtp_param_count
 from vrammath.terms.parallel import zero_stage
-from vrammath.terms.states import Recipe, recipe
+from vrammath.terms.states import STATE_TENSORS, Recipe, proportional_widths, recipe
 
 SCHEDULES = ("1f1b", "dualpipe")
 #: ZeRO stage from which each model state is sharded
 SHARDED_FROM = {"weights": 3, "gradients": 2, "master": 1, "optimizer": 1}
-#: full-size optimizer state tensors per parameter
-STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 
 #: The precision of DeepSeek-V3 (report Section 3.3), bf16 weights for compute (FP8 made per
 #: GEMM), fp32 gradients and master weights, AdamW moments in bf16: the recipe
@@ -149,19 +147,12 @@ def state_widths(rec: Recipe, optimizer: str) -> dict[str, int]:
     >>> state_widths(DEEPSEEK_V3_RECIPE, "adamw")
     {'weights': 2, 'gradients': 4, 'master': 4, 'optimizer': 4}
     """
-    if optimizer not in STATE_TENSORS:
-        raise InputError(
-            "optimizer",
-            "must be one of " + ", ".join(STATE_TENSORS) + " for a parallel layout "
-            "(shape-dependent optimizer states are not split by group here)",
-            got=optimizer,
-        )
-    return {
-        "weights": rec.weights,
-        "gradients": rec.gradients,
-        "master": rec.master,
-        "optimizer": STATE_TENSORS[optimizer] * rec.state,
-    }
+    return proportional_widths(
+        rec,
+        optimizer,
+        "must be one of " + ", ".join(STATE_TENSORS) + " for a parallel layout "
+        "(shape-dependent optimizer states are not split by group here)",
+    )
 
 
 def layout_state_exprs(

@@ -60,9 +60,7 @@ from vrammath.model.readers import divisors_text
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import E, I_e, I_s, L, L_e, P, P_e, b, h, k_e, n_ep, s
-
-# ZeRO stage from which each model state is sharded (stage 1 shards master and optimizer states)
-_STATE_TENSORS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
+from vrammath.terms.states import STATE_TENSORS
 
 
 def _moe(spec: ModelSpec, what: str) -> None:
@@ -297,10 +295,10 @@ def check_ep_optimizer(optimizer: str, ep: int) -> None:
     ...
     vrammath.notation.errors.InputError: optimizer: must be one of adamw, adam, sgd, sgd-momentum with --ep > 1 (shape-dependent optimizer states are not split by group here) (got 'adafactor')
     """
-    if ep > 1 and optimizer not in _STATE_TENSORS:
+    if ep > 1 and optimizer not in STATE_TENSORS:
         raise InputError(
             "optimizer",
-            "must be one of " + ", ".join(_STATE_TENSORS) + " with --ep > 1 "
+            "must be one of " + ", ".join(STATE_TENSORS) + " with --ep > 1 "
             "(shape-dependent optimizer states are not split by group here)",
             got=optimizer,
         )
