@@ -19,7 +19,9 @@ import html
 import io
 import json
 import os
+import re
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -37,6 +39,22 @@ from IPython.display import HTML, SVG, Markdown
 from myst_nb import glue
 
 import vrammath as vm
+
+# A page that counts memory past a model's trained context says so: the library's
+# ContextWarning fails the cell (and the build) unless the page declared the model with
+# beyond_context, whose note it then glues (context_note).
+warnings.simplefilter("error", vm.ContextWarning)
+
+
+def beyond_context(*specs: vm.ModelSpec) -> None:
+    """Declare that this page counts memory past these models' trained contexts on purpose (and
+    glues :func:`context_note` where it does): their :class:`vrammath.ContextWarning` is silenced
+    for the rest of the page; any other model's still fails the cell."""
+    for spec in specs:
+        warnings.filterwarnings(
+            "ignore", message=re.escape(f"{spec.name}: "), category=vm.ContextWarning
+        )
+
 
 # --- display -----------------------------------------------------------------------------------
 

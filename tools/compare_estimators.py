@@ -444,6 +444,8 @@ def run(matrix: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the grid goes past some models' positions on purpose: bytes only, no quality claim
+    warnings.simplefilter("ignore", vrammath.ContextWarning)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "validation" / "estimators.json")
     parser.add_argument("--matrix", type=Path, default=ROOT / "validation" / "matrix.json")

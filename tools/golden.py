@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,8 @@ def moved(old: Any, new: Any, key: str = "") -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    # the grid goes past some models' positions on purpose: bytes only, no quality claim
+    warnings.simplefilter("ignore", vm.ContextWarning)
     new = golden()
     old = json.loads(OUT.read_text()) if OUT.is_file() else {}
     lines = moved(old, new)

@@ -58,7 +58,7 @@ from vrammath.model.presets import (
 from vrammath.model.readers import from_hf_config
 from vrammath.model.spec import ModelSpec
 from vrammath.notation import symbols
-from vrammath.notation.errors import InputError
+from vrammath.notation.errors import ContextWarning, InputError
 from vrammath.notation.units import (
     GB,
     GiB,
@@ -151,6 +151,7 @@ __all__ = [
     "ActivationPolicy",
     "Budget",
     "Component",
+    "ContextWarning",
     "Estimate",
     "Fit",
     "GiB",

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from vrammath.model.presets import (
     raw_config,
     resolve_model,
 )
-from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.errors import ContextWarning, InputError, one_of
 from vrammath.notation.fields import Option, options
 from vrammath.notation.units import fmt_bytes, fmt_gb, fmt_gib
 from vrammath.notation.vocab import (
@@ -374,6 +375,26 @@ def _parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
+def _answered(args: argparse.Namespace) -> Result:
+    """:func:`_run`, with every :class:`ContextWarning` the library gave (an answer past the
+    model's positions, as a longest sequence) added to the answer's ``warnings`` once, in the
+    CLI's words (without the model's name, which the answer states); other warnings pass on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text, data = _run(args)
+    said = list(data.get("warnings", []))
+    for w in caught:
+        if issubclass(w.category, ContextWarning):
+            line = str(w.message).split(": ", 1)[-1]
+            if line not in said:
+                said.append(line)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if said:
+        data["warnings"] = said
+    return text, data
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input, 1 the output could not be
     written)."""
@@ -382,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse has printed its one line (or the help)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        text, data = _run(args)
+        text, data = _answered(args)
     except InputError as exc:
         _say(f"vrammath: error: {exc}")
         return 2

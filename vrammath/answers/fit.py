@@ -13,7 +13,7 @@ Examples
 
 >>> from vrammath.model.presets import load_model
 >>> from vrammath.compose.setup import Setup
->>> answer = fit(Setup(load_model("llama-7b"), zero=3, gpus=8, seq_len=4096, gpu="A100-80GB"))
+>>> answer = fit(Setup(load_model("llama-3.1-8b"), zero=3, gpus=8, seq_len=4096, gpu="A100-80GB"))
 >>> answer.batch.question, answer.given.setup.zero, answer.plan.label
 ('largest micro-batch', 3, 'ZeRO-1')
 >>> answer.as_dict()["answers"]["largest_micro_batch"]["value"] == answer.batch.value
@@ -39,7 +39,7 @@ from vrammath.answers.plan import Plan, cheapest_fit, checked_setup, plan_label
 from vrammath.answers.report import estimate_dict, estimate_table
 from vrammath.compose.estimate import Estimate, estimate
 from vrammath.compose.setup import Setup
-from vrammath.notation.errors import InputError
+from vrammath.notation.errors import InputError, warn_context
 from vrammath.notation.symbols import N_d, b, s
 from vrammath.notation.units import fmt_bytes
 
@@ -137,8 +137,13 @@ def largest_micro_batch(
 def longest_sequence(
     est: Estimate, budget: Budget | None = None, *, multiple_of: int = 1
 ) -> Solution:
-    """The longest sequence ``s`` (a multiple of ``multiple_of``) that fits ``budget``."""
-    return _largest(est, budget, s, multiple_of, "longest sequence")
+    """The longest sequence ``s`` (a multiple of ``multiple_of``) that fits ``budget``; an answer
+    past the model's positions comes with a :class:`~vrammath.notation.errors.ContextWarning`."""
+    sol = _largest(est, budget, s, multiple_of, "longest sequence")
+    if sol.value is not None:
+        spec = est.setup.model
+        warn_context(spec.name, spec.past_context("longest_sequence", sol.value))
+    return sol
 
 
 def _largest(

@@ -7,7 +7,7 @@ Examples
 >>> from vrammath.compose.estimate import estimate
 >>> from vrammath.model.presets import load_model
 >>> from vrammath.compose.setup import Setup
->>> data = estimate_dict(estimate(Setup(load_model("gpt2"))))
+>>> data = estimate_dict(estimate(Setup(load_model("gpt2"), seq_len=1024)))
 >>> data["setup"]["activation_model"], data["totals"]["peak_phase"]
 ('hf', 'backward_peak')
 """

@@ -41,7 +41,7 @@ from vrammath.compose.setup import PRECISION_OF, Setup
 from vrammath.compose.table import TERMS
 from vrammath.model.params import rank_param_count
 from vrammath.model.presets import GPU, gpu
-from vrammath.notation.errors import InputError
+from vrammath.notation.errors import InputError, warn_context
 from vrammath.notation.symbols import N_d, P, b, m, p, r, s, t
 from vrammath.terms.lora.linears import check_estimated_targets
 from vrammath.terms.moe.params import ep_replica_params, expert_values
@@ -377,6 +377,7 @@ def estimate(setup: Setup, *, terms: tuple[Term, ...] = TERMS) -> Estimate:
     terms : tuple of vrammath.compose.rows.Term
         The table to compose (see "How to add a term" in :mod:`vrammath.compose.table`).
     """
+    warn_context(setup.model.name, setup.model.past_context("seq_len", setup.seq_len))
     composed = _composed(setup, terms)
     # the micro-batch and the sequence are numbers only: their change re-substitutes
     values = {**composed.values, b: setup.micro_batch, s: setup.seq_len}

@@ -46,11 +46,11 @@ resident through the whole iteration, so in the weights group:
 ...     opt_in=True,
 ... )
 >>> table = TERMS + (ema,)
->>> setup = Setup(load_model("gpt2"), extra_terms=("ema",))
+>>> setup = Setup(load_model("gpt2"), seq_len=1024, extra_terms=("ema",))
 >>> with_ema = estimate(setup, terms=table)
 >>> with_ema.component("ema").expr, with_ema.component("ema").bytes
 (4*P, 497759232)
->>> plain = Setup(load_model("gpt2"))
+>>> plain = Setup(load_model("gpt2"), seq_len=1024)
 >>> with_ema.gpu_bytes - estimate(plain, terms=table).gpu_bytes
 497759232
 >>> estimate(setup)  # the default table has no such row

@@ -286,12 +286,19 @@ class ModelSpec:
         """Positions the model is configured for (rows of a learned position embedding)."""
         return self.embeddings.max_positions
 
-    def context_warnings(self, field: str, tokens: int) -> tuple[str, ...]:
-        """The model's own warnings, and a line when ``tokens`` (the setup's ``field``) runs past
-        the positions the model is configured for (``setup_warnings`` and ``serve_warnings``)."""
+    def past_context(self, field: str, tokens: int) -> str | None:
+        """A line when ``tokens`` (the setup's ``field``) runs past the positions the model is
+        configured for, else None."""
         limit = self.max_positions
-        past = f"{field} {tokens} exceeds the model's max_position_embeddings ({limit})"
-        return self.warnings + ((past,) if tokens > limit else ())
+        if tokens <= limit:
+            return None
+        return f"{field} {tokens} exceeds the model's max_position_embeddings ({limit})"
+
+    def context_warnings(self, field: str, tokens: int) -> tuple[str, ...]:
+        """The model's own warnings, and :meth:`past_context`'s line (``setup_warnings`` and
+        ``serve_warnings``)."""
+        past = self.past_context(field, tokens)
+        return self.warnings + (() if past is None else (past,))
 
     @property
     def heads(self) -> int:

@@ -1,9 +1,11 @@
-"""The one error type vrammath raises for bad input.
+"""The one error type vrammath raises for bad input, and the one warning it gives.
 
 Every message is one line that names the field and what is allowed, so the CLI can print it as is.
 """
 
 from __future__ import annotations
+
+import warnings
 
 
 class InputError(ValueError):
@@ -20,6 +22,22 @@ class InputError(ValueError):
         self.allowed = allowed
         got_text = "" if got is ... else f" (got {_shown(got)})"
         super().__init__(f"{_line(field)}: {_line(allowed)}{got_text}")
+
+
+class ContextWarning(UserWarning):
+    """A setup or an answer runs past the positions its model is configured for
+    (``max_position_embeddings``). The memory is still counted, as it would be for a context
+    extended by RoPE scaling; how well the model does there is another matter. The CLI prints
+    the same line in its ``warnings``; filter it with :mod:`warnings` where it is meant.
+    """
+
+
+def warn_context(model: str, line: str | None, stacklevel: int = 3) -> None:
+    """Give ``line`` (a :meth:`vrammath.model.spec.ModelSpec.past_context` line, or None: nothing
+    to say) as a :class:`ContextWarning` naming ``model``, attributed to the caller of the
+    function that calls this one."""
+    if line is not None:
+        warnings.warn(f"{model}: {line}", ContextWarning, stacklevel=stacklevel)
 
 
 def _line(text: str) -> str:

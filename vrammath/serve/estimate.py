@@ -21,7 +21,7 @@ import sympy
 
 from vrammath.model.presets import GPU, gpu
 from vrammath.model.spec import ModelSpec
-from vrammath.notation.errors import InputError
+from vrammath.notation.errors import InputError, warn_context
 from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
 from vrammath.notation.vocab import KV_DTYPES, SERVE_WEIGHTS, KvDtype, ServeWeights, check
 from vrammath.serve.kv_cache import (
@@ -166,22 +166,25 @@ class ServeEstimate:
 
     def max_context(self, batch: int | None = None, limit: int = 1 << 24) -> int | None:
         """Longest context (tokens per sequence) for ``batch`` sequences; ``limit`` if even that
-        fits (all-sliding-window models stop growing), None without a GPU."""
+        fits (all-sliding-window models stop growing), None without a GPU. An answer past the
+        model's positions comes with a :class:`~vrammath.notation.errors.ContextWarning`."""
         budget = self.kv_budget_bytes
         if budget is None:
             return None
         n = self.setup.batch if batch is None else batch
         if n * self._seq_bytes(1) > budget:
             return 0
-        if n * self._seq_bytes(limit) <= budget:
-            return limit
-        lo, hi = 1, limit  # lo fits, hi does not
+        lo, hi = limit, limit + 1  # lo fits, hi does not
+        if n * self._seq_bytes(limit) > budget:
+            lo, hi = 1, limit
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if n * self._seq_bytes(mid) <= budget:
                 lo = mid
             else:
                 hi = mid
+        spec = self.setup.model
+        warn_context(spec.name, spec.past_context("max_context", lo))
         return lo
 
     @property
@@ -210,6 +213,7 @@ def serve(setup: Serve) -> ServeEstimate:
     (True, 29)
     """
     spec = setup.model
+    warn_context(spec.name, spec.past_context("context", setup.context))
     w = serving_weight_bytes(spec, setup.weights, tp=setup.tp, group=setup.group)
     expr = kv_cache_expr(spec, tp=setup.tp > 1, paged=setup.block is not None)
     values = kv_values(
