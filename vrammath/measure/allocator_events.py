@@ -31,24 +31,16 @@ import sys
 import time
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vrammath.measure.build import (
-    ATTENTIONS,
-    PRECISIONS,
-    as_spec,
-    build_model,
-    check_positive,
-    gelu_of,
-    real_training_masks,
-)
-from vrammath.measure.matrix import GPU_ROWS, _model_arg, run_cuda_rows
-from vrammath.measure.step import RECOMPUTE, _enable_checkpointing, _loop, _make_optimizer
+from vrammath.measure.build import real_training_masks
+from vrammath.measure.documents import write_doc
+from vrammath.measure.matrix import GPU_ROWS, _model_arg, row_args, run_cuda_rows
+from vrammath.measure.step import _checked, _loop, _make_optimizer, _Setup, _training_model
 from vrammath.model.presets import GPU, load_gpus
 from vrammath.model.spec import ModelSpec
-from vrammath.notation.errors import one_of
 from vrammath.terms.allocator import Event, predict
 
 
@@ -156,23 +148,11 @@ def record_training_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    spec = as_spec(model)
-    gelu = gelu_of(model)
-    if precision not in PRECISIONS:
-        raise one_of("precision", precision, PRECISIONS)
-    if attention not in ATTENTIONS:
-        raise one_of("attention", attention, ATTENTIONS)
-    if recompute not in RECOMPUTE:
-        raise one_of("recompute", recompute, RECOMPUTE)
-    check_positive("batch", batch)
-    check_positive("seq", seq)
-    check_positive("steps", steps)
+    setup = _Setup(batch, seq, precision, attention, recompute, optimizer, implementation)
+    spec, gelu = _checked(model, setup, steps)
     recorder = _recorder_class()()
     with real_training_masks(), FakeTensorMode():
-        torch.manual_seed(0)
-        net = build_model(spec, precision=precision, attention=attention, layers=layers, gelu=gelu)
-        if recompute == "full":
-            _enable_checkpointing(net)
+        net = _training_model(spec, setup, layers, gelu)
         opt = _make_optimizer(net.parameters(), optimizer, implementation)
         ids = torch.randint(0, spec.vocab, (batch, seq))
         for tensor in [*net.parameters(), *net.buffers(), ids]:
@@ -187,18 +167,12 @@ def record_training_step(
                 if isinstance(step, torch.Tensor) and step.untyped_storage() in recorder.ids:
                     host.add(recorder.ids[step.untyped_storage()])
     events = tuple(e for e in recorder.events if e.storage not in host)
-    setup = {
-        "batch": batch,
-        "seq": seq,
-        "precision": precision,
-        "attention": attention,
-        "recompute": recompute,
-        "optimizer": optimizer,
-        "implementation": implementation,
+    recorded = {
+        **asdict(setup),
         "steps": steps,
         "layers": spec.layers if layers is None else layers,
     }
-    return Recording(model=spec.name, setup=setup, events=events)
+    return Recording(model=spec.name, setup=recorded, events=events)
 
 
 def gpu_for(name: str, capability: tuple[int, int]) -> GPU:
@@ -244,12 +218,6 @@ def _cheap_first(item: tuple[int, dict[str, Any]]) -> tuple[int, int]:
     return (rank, row["seq"] * row["batch"] + (1 if row["recompute"] != "none" else 0))
 
 
-def _write(path: Path | None, doc: dict[str, Any]) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-
-
 def cuda_rows(
     budget_s: float, doc: dict[str, Any], out: Path | None = None, rows: str | None = None
 ) -> list[dict[str, Any]]:
@@ -276,17 +244,7 @@ def cuda_rows(
             text=True,
         )
         try:
-            rec = record_training_step(
-                _model_arg(row["model"]),
-                batch=row["batch"],
-                seq=row["seq"],
-                precision=row["precision"],
-                attention=row["attention"],
-                recompute=row["recompute"],
-                optimizer=row["optimizer"],
-                implementation=row["implementation"],
-                steps=2,
-            )
+            rec = record_training_step(_model_arg(row["model"]), **row_args(row), steps=2)
             stdout, stderr = child.communicate()
             if child.returncode != 0:
                 raise RuntimeError(f"exit {child.returncode}: {stderr[-2000:]}")
@@ -315,7 +273,7 @@ def cuda_rows(
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         print(f"{row['id']}: {entry.get('rel_error', entry.get('error'))}", flush=True)
         out_rows.append(entry)
-        _write(out, doc)
+        write_doc(out, doc)
     return out_rows
 
 
@@ -394,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
     }
     cuda_rows(args.budget_s, doc, args.out, args.rows)
-    _write(args.out, doc)
+    write_doc(args.out, doc)
     return 0
 
 

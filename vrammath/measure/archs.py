@@ -14,71 +14,50 @@ Targets as the matrix's: parameters exact, activations and each phase peak withi
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from vrammath.measure import documents
 from vrammath.measure.build import as_spec
-from vrammath.measure.matrix import compare, diff, estimate_row, measured_row, worst_rel_errors
+from vrammath.measure.matrix import compare, estimate_row, measured_row, row_args
+from vrammath.measure.matrix_rows import SMALL_TIED
 from vrammath.measure.step import measure_training_step
 from vrammath.model.params import param_count
 
+
+def _small(model_type: str, head_dim: int | None = None, **extra: Any) -> dict[str, Any]:
+    """A 72-wide 3-layer config of ``model_type``: GQA (6 query heads on 2), vocabulary 131,
+    ``head_dim`` explicit when given, then the ``extra`` keys (the keys in config.json order)."""
+    cfg: dict[str, Any] = {
+        "model_type": model_type,
+        "hidden_size": 72,
+        "intermediate_size": 100,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+    }
+    if head_dim is not None:
+        cfg["head_dim"] = head_dim
+    return {**cfg, "vocab_size": 131, **extra}
+
+
+_GPT2: dict[str, Any] = {
+    "model_type": "gpt2",
+    "n_embd": 72,
+    "n_layer": 3,
+    "n_head": 6,
+    "n_inner": 200,
+    "vocab_size": 131,
+    "n_positions": 256,
+}
+
 ARCH_CONFIGS: dict[str, dict[str, Any]] = {
-    "llama": {
-        "model_type": "llama",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "head_dim": 20,
-        "vocab_size": 131,
-        "attention_bias": True,
-    },
-    "mistral": {
-        "model_type": "mistral",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "vocab_size": 131,
-        "sliding_window": 40,
-    },
-    "qwen2": {
-        "model_type": "qwen2",
-        "hidden_size": 80,
-        "intermediate_size": 136,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 5,
-        "num_key_value_heads": 1,
-        "vocab_size": 777,
-        "tie_word_embeddings": True,
-    },
-    "gpt2": {
-        "model_type": "gpt2",
-        "n_embd": 72,
-        "n_layer": 3,
-        "n_head": 6,
-        "n_inner": 200,
-        "vocab_size": 131,
-        "n_positions": 256,
-    },
-    "qwen3": {
-        "model_type": "qwen3",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "head_dim": 20,
-        "vocab_size": 131,
-        "attention_bias": True,
-    },
+    "llama": _small("llama", head_dim=20, attention_bias=True),
+    "mistral": _small("mistral", sliding_window=40),
+    "qwen2": {**SMALL_TIED},  # the matrix's tied MQA config
+    "gpt2": _GPT2,
+    "qwen3": _small("qwen3", head_dim=20, attention_bias=True),
     "olmo2": {
         "model_type": "olmo2",
         "hidden_size": 60,
@@ -90,25 +69,9 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 131,
         "tie_word_embeddings": True,
     },
-    "phi3": {
-        "model_type": "phi3",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "vocab_size": 131,
-        "pad_token_id": 0,  # Phi3Config's default (32000) lies outside this vocabulary
-    },
-    "starcoder2": {
-        "model_type": "starcoder2",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "vocab_size": 131,
-    },
+    # Phi3Config's default pad token id (32000) lies outside this vocabulary
+    "phi3": _small("phi3", pad_token_id=0),
+    "starcoder2": _small("starcoder2"),
     "gemma": {
         "model_type": "gemma",
         "hidden_size": 88,
@@ -155,25 +118,9 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
         "hidden_act": "gelu_fast",
     },
     # dropout honoured: attention dropout on LLaMA; GPT-2 with every dropout off
-    "llama+dropout": {
-        "model_type": "llama",
-        "hidden_size": 72,
-        "intermediate_size": 100,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "head_dim": 20,
-        "vocab_size": 131,
-        "attention_dropout": 0.1,
-    },
+    "llama+dropout": _small("llama", head_dim=20, attention_dropout=0.1),
     "gpt2-no-dropout": {
-        "model_type": "gpt2",
-        "n_embd": 72,
-        "n_layer": 3,
-        "n_head": 6,
-        "n_inner": 200,
-        "vocab_size": 131,
-        "n_positions": 256,
+        **_GPT2,
         "attn_pdrop": 0.0,
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
@@ -244,19 +191,13 @@ def run(rows_: list[dict[str, Any]], *, steps: int = 2, log: Any = None) -> list
     for row in rows_:
         started = time.perf_counter()
         try:
-            result = measure_training_step(
-                row["model"],
-                batch=row["batch"],
-                seq=row["seq"],
-                precision=row["precision"],
-                attention=row["attention"],
-                steps=steps,
-            )
+            # the rows' recompute, optimizer and implementation are the step's defaults
+            result = measure_training_step(row["model"], **row_args(row), steps=steps)
             comp = compare(estimate_row(row), measured_row(result), row)
             ours = param_count(as_spec(row["model"]))
             theirs = transformers_param_count(row["model"])
         except Exception as exc:  # every row's outcome is data
-            entry = {**row, "error": f"{type(exc).__name__}: {exc}", "pass": False}
+            entry = documents.failed(row, exc)
         else:
             comp["param_count"] = {
                 "estimated": ours,
@@ -266,9 +207,7 @@ def run(rows_: list[dict[str, Any]], *, steps: int = 2, log: Any = None) -> list
                 "pass": ours == theirs,
             }
             entry = {
-                **row,
-                "components": comp,
-                "pass": all(c["pass"] for c in comp.values()),
+                **documents.scored(row, comp),
                 "seconds": round(time.perf_counter() - started, 1),
             }
         out.append(entry)
@@ -297,19 +236,12 @@ def table(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def build(command: str, *, steps: int = 2, log: Any = None) -> dict[str, Any]:
     """The whole document ``validation/archs.json`` holds."""
-    import torch
-    import transformers
-
+    found = documents.versions()
     started = time.perf_counter()
     results = run(rows(), steps=steps, log=log)
-    worst = worst_rel_errors(results)
     return {
         "command": command,
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": found,
         "method": (
             "transformers model built from each config in FakeTensorMode on device cpu; "
             f"{steps} training iterations (HF causal-LM loss, backward, AdamW foreach step, "
@@ -319,39 +251,26 @@ def build(command: str, *, steps: int = 2, log: Any = None) -> dict[str, Any]:
         ),
         "configs": ARCH_CONFIGS,
         "seconds": round(time.perf_counter() - started, 1),
-        "worst_rel_error": worst,
-        "passed": sum(1 for r in results if r["pass"]),
-        "rows": results,
+        **documents.verdicts(results),
     }
 
 
 def default_path() -> Path:
     """``validation/archs.json`` of the source checkout."""
-    return Path(__file__).resolve().parents[2] / "validation" / "archs.json"
+    return documents.validation_file("archs.json")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vrammath.measure.archs", description=__doc__)
-    parser.add_argument("--out", type=Path, default=None, help="write the document here")
-    parser.add_argument("--diff", type=Path, default=None, help="compare with this file")
+    parser = documents.document_parser("vrammath.measure.archs", __doc__)
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args(argv)
-    command = "python -m vrammath.measure.archs " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    doc = build(command.strip(), steps=args.steps, log=lambda m: print(m, flush=True))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    status = 0
-    if args.diff:
-        changes = diff(doc, json.loads(args.diff.read_text(encoding="utf-8")))
-        for line in changes:
-            print("changed:", line)
-        status = 1 if changes else 0
+    command = documents.command_line("vrammath.measure.archs", argv)
+    doc = build(command, steps=args.steps, log=lambda m: print(m, flush=True))
+    documents.write_doc(args.out, doc)
+    status = documents.diff_status(args.diff, doc)
     for line in table(doc):
         print(line)
-    print(f"{doc['passed']}/{len(doc['rows'])} rows pass; worst: {doc['worst_rel_error']}")
+    print(documents.pass_line(doc))
     return status
 
 

@@ -11,7 +11,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from vrammath.measure.build_decoders import MODEL_TYPES as DECODER_TYPES
-from vrammath.measure.build_decoders import decoder_class, decoder_config
+from vrammath.measure.build_decoders import (
+    base_fields,
+    decoder_class,
+    decoder_config,
+    decoder_fields,
+)
 from vrammath.measure.build_moe import MODEL_TYPES as MOE_TYPES
 from vrammath.measure.build_moe import moe_class, moe_config
 from vrammath.model.presets import load_model
@@ -48,8 +53,7 @@ def param_dtype(precision: str) -> torch.dtype:
     """dtype the model is built in: 16-bit for pure 16-bit runs, fp32 otherwise (autocast too)."""
     import torch
 
-    if precision not in PRECISIONS:
-        raise one_of("precision", precision, PRECISIONS)
+    check_choice("precision", precision, PRECISIONS)
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
 
@@ -78,8 +82,7 @@ def hf_config(
     """
     import transformers
 
-    if attention not in ATTENTIONS:
-        raise one_of("attention", attention, ATTENTIONS)
+    check_choice("attention", attention, ATTENTIONS)
     n_layers = spec.layers if layers is None else layers
     if spec.model_type in DECODER_TYPES:
         cfg = decoder_config(spec, n_layers)
@@ -89,13 +92,7 @@ def hf_config(
     elif spec.model_type == "gpt_neox":
         rotary = spec.attention.rotary_dim
         cfg = transformers.GPTNeoXConfig(
-            hidden_size=spec.hidden,
-            intermediate_size=spec.intermediate,
-            num_hidden_layers=n_layers,
-            num_attention_heads=spec.heads,
-            vocab_size=spec.vocab,
-            max_position_embeddings=spec.max_positions,
-            tie_word_embeddings=spec.tied_embeddings,
+            **base_fields(spec, n_layers),
             hidden_act=spec.mlp.activation,
             attention_bias=spec.qkv_bias,
             use_parallel_residual=spec.norms.parallel_residual,
@@ -116,30 +113,14 @@ def hf_config(
             resid_pdrop=spec.mlp.dropout,
         )
     else:
-        common: dict[str, Any] = {
-            "hidden_size": spec.hidden,
-            "intermediate_size": spec.intermediate,
-            "num_hidden_layers": n_layers,
-            "num_attention_heads": spec.heads,
-            "num_key_value_heads": spec.kv_heads,
-            "head_dim": spec.head_dim,
-            "vocab_size": spec.vocab,
-            "tie_word_embeddings": spec.tied_embeddings,
-            "max_position_embeddings": spec.max_positions,
-            "attention_dropout": spec.attention.dropout,
-        }
-        if spec.model_type == "gemma2":
-            cfg = transformers.Gemma2Config(
-                **common,
-                hidden_activation=spec.mlp.activation,
-                attention_bias=spec.qkv_bias,
-                sliding_window=spec.sliding_window,
-                layer_types=_gemma2_layer_types(spec, n_layers),
-                attn_logit_softcapping=spec.attention.softcap,
-                final_logit_softcapping=spec.embeddings.logit_softcap,
+        common = {**decoder_fields(spec, n_layers), "attention_dropout": spec.attention.dropout}
+        if spec.model_type in ("gemma2", "gemma3_text"):
+            gemma = (
+                transformers.Gemma2Config
+                if spec.model_type == "gemma2"
+                else transformers.Gemma3TextConfig
             )
-        elif spec.model_type == "gemma3_text":
-            cfg = transformers.Gemma3TextConfig(
+            cfg = gemma(
                 **common,
                 hidden_activation=spec.mlp.activation,
                 attention_bias=spec.qkv_bias,
@@ -241,4 +222,11 @@ def check_positive(field: str, value: int) -> int:
     """``value`` if a positive int, else an InputError."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(field, "must be a positive integer", got=value)
+    return value
+
+
+def check_choice(field: str, value: str, allowed: tuple[str, ...] | list[str]) -> str:
+    """``value`` if one of ``allowed``, else an InputError that names them."""
+    if value not in allowed:
+        raise one_of(field, value, allowed)
     return value

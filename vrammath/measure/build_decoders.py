@@ -14,25 +14,37 @@ MODEL_TYPES: tuple[str, ...] = ("olmo2", "phi3", "qwen3", "starcoder2")
 """The model types this module builds."""
 
 
-def decoder_config(spec: ModelSpec, layers: int) -> Any:
-    """The transformers config of ``spec`` (one of :data:`MODEL_TYPES`) with ``layers`` layers."""
-    import transformers
-
-    common: dict[str, Any] = {
+def base_fields(spec: ModelSpec, layers: int) -> dict[str, Any]:
+    """The config fields every decoder here spells alike: widths, heads, layers, vocabulary."""
+    return {
         "hidden_size": spec.hidden,
         "intermediate_size": spec.intermediate,
         "num_hidden_layers": layers,
         "num_attention_heads": spec.heads,
-        "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
         "vocab_size": spec.vocab,
         "tie_word_embeddings": spec.tied_embeddings,
         "max_position_embeddings": spec.max_positions,
-        # the defaults' token ids may lie outside a small test vocabulary (Phi-3's pad is 32000)
-        "pad_token_id": None,
-        "bos_token_id": None,
-        "eos_token_id": None,
     }
+
+
+def decoder_fields(spec: ModelSpec, layers: int) -> dict[str, Any]:
+    """:func:`base_fields` with the KV heads and the head dimension (GQA/MQA, explicit head_dim)."""
+    return {
+        **base_fields(spec, layers),
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+    }
+
+
+NO_TOKEN_IDS: dict[str, None] = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+"""The defaults' token ids may lie outside a small test vocabulary (Phi-3's pad is 32000)."""
+
+
+def decoder_config(spec: ModelSpec, layers: int) -> Any:
+    """The transformers config of ``spec`` (one of :data:`MODEL_TYPES`) with ``layers`` layers."""
+    import transformers
+
+    common = {**decoder_fields(spec, layers), **NO_TOKEN_IDS}
     if spec.model_type == "qwen3":
         return transformers.Qwen3Config(
             **common, attention_bias=spec.qkv_bias, use_sliding_window=False
@@ -52,13 +64,22 @@ def decoder_config(spec: ModelSpec, layers: int) -> Any:
     )
 
 
-def decoder_class(spec: ModelSpec) -> Any:
-    """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
+def transformers_class(name: str) -> Any:
+    """transformers' class ``name`` (transformers imported here, not when this module is)."""
     import transformers
 
-    return {
-        "qwen3": transformers.Qwen3ForCausalLM,
-        "olmo2": transformers.Olmo2ForCausalLM,
-        "phi3": transformers.Phi3ForCausalLM,
-        "starcoder2": transformers.Starcoder2ForCausalLM,
-    }[spec.model_type]
+    return getattr(transformers, name)
+
+
+CLASS_NAMES = {
+    "qwen3": "Qwen3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
+}
+"""The causal-LM class of each of :data:`MODEL_TYPES`."""
+
+
+def decoder_class(spec: ModelSpec) -> Any:
+    """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
+    return transformers_class(CLASS_NAMES[spec.model_type])

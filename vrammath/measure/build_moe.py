@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from vrammath.measure.build_decoders import (
+    NO_TOKEN_IDS,
+    base_fields,
+    decoder_fields,
+    transformers_class,
+)
 from vrammath.model.spec import ModelSpec
 
 MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
@@ -26,25 +32,18 @@ def moe_config(spec: ModelSpec, layers: int) -> Any:
     assert ex is not None
     if spec.latent is not None:
         return _deepseek_config(spec, layers)
-    common: dict[str, Any] = {
-        "hidden_size": spec.hidden,
-        "num_hidden_layers": layers,
-        "num_attention_heads": spec.heads,
-        "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
-        "vocab_size": spec.vocab,
-        "tie_word_embeddings": spec.tied_embeddings,
-        "max_position_embeddings": spec.max_positions,
+    common = {
+        **decoder_fields(spec, layers),
         "num_experts_per_tok": ex.top_k,
         "output_router_logits": False,
     }
     if spec.model_type == "mixtral":
+        # Mixtral's MLP width is its experts'
         return transformers.MixtralConfig(
-            **common, intermediate_size=ex.intermediate, num_local_experts=ex.count
+            **{**common, "intermediate_size": ex.intermediate}, num_local_experts=ex.count
         )
     qwen: dict[str, Any] = {
         **common,
-        "intermediate_size": spec.intermediate,
         "moe_intermediate_size": ex.intermediate,
         "num_experts": ex.count,
         "norm_topk_prob": ex.norm_topk,
@@ -70,14 +69,8 @@ def _deepseek_config(spec: ModelSpec, layers: int) -> Any:
     assert ex is not None
     assert lat is not None
     return transformers.DeepseekV3Config(
-        hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=spec.heads,
+        **base_fields(spec, layers),
         num_key_value_heads=spec.heads,
-        vocab_size=spec.vocab,
-        tie_word_embeddings=spec.tied_embeddings,
-        max_position_embeddings=spec.max_positions,
         q_lora_rank=lat.q_rank,
         kv_lora_rank=lat.kv_rank,
         qk_nope_head_dim=lat.nope_dim,
@@ -92,23 +85,22 @@ def _deepseek_config(spec: ModelSpec, layers: int) -> Any:
         norm_topk_prob=ex.norm_topk,
         first_k_dense_replace=min(ex.layers, default=layers),
         output_router_logits=False,
-        # the defaults' token ids may lie outside a small test vocabulary
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
+        **NO_TOKEN_IDS,
     )
+
+
+CLASS_NAMES = {
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+}
+"""The causal-LM class of each of :data:`MODEL_TYPES`."""
 
 
 def moe_class(spec: ModelSpec) -> Any:
     """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
-    import transformers
-
-    return {
-        "mixtral": transformers.MixtralForCausalLM,
-        "qwen2_moe": transformers.Qwen2MoeForCausalLM,
-        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
-        "deepseek_v3": transformers.DeepseekV3ForCausalLM,
-    }[spec.model_type]
+    return transformers_class(CLASS_NAMES[spec.model_type])
 
 
 __all__ = ["MODEL_TYPES", "moe_class", "moe_config"]

@@ -32,7 +32,7 @@ from typing import Any
 
 import sympy
 
-from vrammath.measure.build import param_dtype, real_training_masks
+from vrammath.measure.build import check_choice, param_dtype, real_training_masks
 from vrammath.measure.hf_config import (
     first_line,
     grouped_experts,
@@ -42,12 +42,11 @@ from vrammath.measure.hf_config import (
 )
 from vrammath.measure.step import (
     _enable_checkpointing,
-    _lean_tracker,
-    _loop,
     _make_optimizer,
-    _Phases,
+    _mem_tracker,
+    _tracked_loop,
 )
-from vrammath.notation.errors import InputError, one_of, positive_int
+from vrammath.notation.errors import InputError, positive_int
 from vrammath.notation.symbols import L, b, s
 from vrammath.notation.units import fmt_bytes
 
@@ -234,7 +233,6 @@ def measure_config(
     import torch
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     config = hf_config_of(cfg, attention=attention, layers=layers)
     with real_training_masks(), FakeTensorMode():
@@ -252,20 +250,7 @@ def measure_config(
             _enable_checkpointing(model)
         opt = _make_optimizer(model.parameters(), optimizer, implementation)
         ids = torch.randint(0, int(config.vocab_size), (batch, seq))
-        tracker = _lean_tracker(MemTracker)()
-        tracker.track_external(model, opt)
-        phases = _Phases(tracker, cuda=False)
-        with tracker:
-            iterations = _loop(
-                model,
-                opt,
-                phases,
-                ids,
-                precision,
-                "cpu",
-                steps,
-                lambda: phases._snapshot("current"),
-            )
+        iterations = _tracked_loop(_mem_tracker(model, opt), model, opt, ids, precision, steps)
     last = iterations[-1]
     return {
         "activations": int(last["forward"]["end"]["Activation"]),
@@ -293,16 +278,12 @@ def derive(
     all of them; ``"fit"`` or ``"full"`` forces one way.
     """
 
-    if precision not in PRECISIONS:
-        raise one_of("precision", precision, PRECISIONS)
-    if attention not in ATTENTIONS:
-        raise one_of("attention", attention, ATTENTIONS)
-    if recompute not in RECOMPUTES:
-        raise one_of("recompute", recompute, RECOMPUTES)
+    check_choice("precision", precision, PRECISIONS)
+    check_choice("attention", attention, ATTENTIONS)
+    check_choice("recompute", recompute, RECOMPUTES)
     positive_int("batch", batch)
     positive_int("seq", seq)
-    if layers not in ("auto", "fit", "full"):
-        raise one_of("layers", layers, ("auto", "fit", "full"))
+    check_choice("layers", layers, ("auto", "fit", "full"))
     with _quiet_transformers():
         return _derive(
             cfg,

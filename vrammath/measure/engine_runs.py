@@ -36,17 +36,19 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vrammath.measure.build import as_spec, build_model, real_training_masks
+from vrammath.measure.build import as_spec, build_model, check_choice, real_training_masks
 from vrammath.measure.step import (
-    CATEGORIES,
+    PHASES,
+    _by_category,
     _decoder_layers,
+    _distinct_bytes,
     _fake_process_group,
     _lean_tracker,
+    _mem_tracker,
     _Phases,
 )
-from vrammath.notation.errors import one_of
 
-PHASE_NAMES = ("forward", "backward", "step", "zero_grad")
+PHASE_NAMES = PHASES
 STATES = ("parameters", "gradients", "optimizer")
 LOOPS = ("loss", "outputs")
 
@@ -83,18 +85,8 @@ def _storage_bytes(tensors: Any) -> int:
     """Bytes of the distinct storages behind ``tensors`` (local shards of DTensors)."""
     from torch.distributed.tensor import DTensor
 
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        local = t.to_local() if isinstance(t, DTensor) else t
-        st = local.untyped_storage()
-        if st._cdata in seen:
-            continue
-        seen.add(st._cdata)
-        total += st.nbytes()
-    return total
+    local = (t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None)
+    return _distinct_bytes((t.untyped_storage() for t in local), lambda st: st._cdata)
 
 
 class Float16MasterOptimizer:
@@ -284,12 +276,9 @@ def measure_engine(
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
-    if engine not in ENGINES:
-        raise one_of("engine", engine, list(ENGINES))
-    if loop not in LOOPS:
-        raise one_of("loop", loop, LOOPS)
+    check_choice("engine", engine, list(ENGINES))
+    check_choice("loop", loop, LOOPS)
     spec = as_spec(model)
     if engine.startswith("deepspeed"):
         return measure_deepspeed(
@@ -322,8 +311,7 @@ def measure_engine(
 
             tracker = _lean_tracker(FSDPMemTracker)(net, built["inner"])
         else:
-            tracker = _lean_tracker(MemTracker)()
-            tracker.track_external(net, built["inner"], *built["masters"], *built["main_grads"])
+            tracker = _mem_tracker(net, built["inner"], *built["masters"], *built["main_grads"])
         phases = _Phases(tracker, cuda=False)
         iterations = []
         with tracker:
@@ -369,15 +357,9 @@ class _DevicePhases(_Phases):
 
     def _snapshot(self, kind: str) -> dict[str, int]:
         snap = self.tracker.get_tracker_snapshot(kind)
-        out = dict.fromkeys(CATEGORIES, 0)
-        out["Total"] = 0
-        for dev, dev_snap in snap.items():
-            if getattr(dev, "type", str(dev)) == "meta":
-                continue
-            for key, value in dev_snap.items():
-                name = str(getattr(key, "value", key))
-                out[name] = out.get(name, 0) + int(value)
-        return out
+        return _by_category(
+            {dev: s for dev, s in snap.items() if getattr(dev, "type", str(dev)) != "meta"}
+        )
 
 
 def measure_deepspeed(
@@ -404,7 +386,6 @@ def measure_deepspeed(
     import os
 
     import torch
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -434,8 +415,7 @@ def measure_deepspeed(
         # (counted as they are made) and drops them. It also keeps a meta-device copy of each
         # parameter (round_robin_bit16_meta), which MemTracker counts under device "meta":
         # _DevicePhases counts the CPU only.
-        tracker = _lean_tracker(MemTracker)()
-        tracker.track_external(*net.buffers())
+        tracker = _mem_tracker(*net.buffers())
         phases = _DevicePhases(tracker, cuda=False)
         iterations = []
         with tracker:

@@ -12,16 +12,13 @@ with its explanation, term by term, in the data.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import vrammath as vm
+from vrammath.measure import documents
 from vrammath.measure.build import as_spec
 from vrammath.measure.engine_runs import (
     CONFIGS,
@@ -33,8 +30,6 @@ from vrammath.measure.engine_runs import (
     Float16MasterOptimizer,
     measure_engine,
 )
-from vrammath.measure.matrix import diff as matrix_diff
-from vrammath.measure.matrix import worst_rel_errors
 
 
 def estimate_engine(
@@ -299,7 +294,7 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
             row["engine"], model, batch=row["batch"], seq=row["seq"], attention=row["attention"]
         )
     except Exception as exc:  # a row that cannot run stays visible as failing
-        return {**row, "error": f"{type(exc).__name__}: {exc}", "pass": False}
+        return documents.failed(row, exc)
     est = estimate_engine(
         row["engine"],
         model,
@@ -310,14 +305,10 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
     )
     comp = compare(row["engine"], est, measured_engine(result, row["engine"]))
     return {
-        **row,
-        "components": comp,
-        "pass": all(c["pass"] for c in comp.values()),
+        **documents.scored(row, comp),
         "states": result["steady"]["states"],
         "zro_partition_numel": result["zro_partition_numel"],
-        "phases": {
-            it: {ph: result[it][ph]["peak"] for ph in PHASE_NAMES} for it in ("first", "steady")
-        },
+        "phases": documents.phase_peaks(result, PHASE_NAMES),
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -364,9 +355,7 @@ def build_document(
     rows: list[dict[str, Any]], loop_rows: list[dict[str, Any]], command: str, log: Any = None
 ) -> dict[str, Any]:
     """The whole ``validation/engines.json`` document."""
-    import torch
-    import transformers
-
+    found = documents.versions()
     started = time.perf_counter()
     results = []
     for row in rows:
@@ -383,15 +372,9 @@ def build_document(
         loops.append(run_loop_row(row))
         if log:
             log(f"{row['id']}: measured")
-    worst = worst_rel_errors(results)
     return {
         "command": command,
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "deepspeed": _version_of("deepspeed"),
-        },
+        "versions": {**found, "deepspeed": _version_of("deepspeed")},
         "method": (
             "Hugging Face model built from the config in FakeTensorMode on device cpu, wrapped by "
             "the engine, over a fake process group of 8 ranks (init_process_group('fake')); two "
@@ -407,9 +390,7 @@ def build_document(
         "targets": {"exact": list(EXACT), "within_1_percent": "every phase peak"},
         "configs": CONFIGS,
         "seconds": round(time.perf_counter() - started, 1),
-        "worst_rel_error": worst,
-        "passed": sum(1 for r in results if r["pass"]),
-        "rows": results,
+        **documents.verdicts(results),
         "loops": loops,
     }
 
@@ -417,7 +398,7 @@ def build_document(
 def diff(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
     """Lines describing values that changed between two documents (empty: identical): the
     rows as the matrix compares them, then the loop shapes."""
-    lines = matrix_diff(fresh, committed)
+    lines = documents.diff(fresh, committed)
     old_loops = {r["id"]: r for r in committed.get("loops", [])}
     for loop in fresh.get("loops", []):
         if old_loops.get(loop["id"], {}).get("iterations") != loop["iterations"]:
@@ -427,13 +408,11 @@ def diff(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
 
 def default_path() -> Path:
     """``validation/engines.json`` of the source checkout."""
-    return Path(__file__).resolve().parents[2] / "validation" / "engines.json"
+    return documents.validation_file("engines.json")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vrammath.measure.engines", description=__doc__)
-    parser.add_argument("--out", type=Path, default=None, help="write the document here")
-    parser.add_argument("--diff", type=Path, default=None, help="compare with this file")
+    parser = documents.document_parser("vrammath.measure.engines", __doc__)
     parser.add_argument("--quick", action="store_true", help="small-model rows only")
     parser.add_argument("--rows", default=None, help="only rows whose id contains this")
     args = parser.parse_args(argv)
@@ -441,25 +420,15 @@ def main(argv: list[str] | None = None) -> int:
     def keep(r: dict[str, Any]) -> bool:
         return (r["quick"] or not args.quick) and (args.rows is None or args.rows in r["id"])
 
-    command = "python -m vrammath.measure.engines " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
     doc = build_document(
         [r for r in ROWS if keep(r)],
         [r for r in LOOP_ROWS if keep(r)],
-        command.strip(),
+        documents.command_line("vrammath.measure.engines", argv),
         log=lambda m: print(m, flush=True),
     )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    status = 0
-    if args.diff:
-        changes = diff(doc, json.loads(args.diff.read_text(encoding="utf-8")))
-        for line in changes:
-            print("changed:", line)
-        status = 1 if changes else 0
-    print(f"{doc['passed']}/{len(doc['rows'])} rows pass; worst: {doc['worst_rel_error']}")
+    documents.write_doc(args.out, doc)
+    status = documents.diff_status(args.diff, doc, diff)
+    print(documents.pass_line(doc))
     return status
 
 

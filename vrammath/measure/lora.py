@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from vrammath.measure.build import as_spec, build_model, real_training_masks
+from vrammath.measure.step import _by_category
 from vrammath.model.spec import ModelSpec
 from vrammath.terms.lora.linears import adapted_linears
 from vrammath.terms.lora.targets import lora_targets
-
-CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
 
 
 class _NoHook:
@@ -41,14 +40,7 @@ class _NoHook:
 
 
 def _snapshot(tracker: Any) -> dict[str, int]:
-    snap = tracker.get_tracker_snapshot("current")
-    out = dict.fromkeys(CATEGORIES, 0)
-    out["Total"] = 0
-    for dev_snap in snap.values():
-        for key, value in dev_snap.items():
-            name = str(getattr(key, "value", key))
-            out[name] = out.get(name, 0) + int(value)
-    return out
+    return _by_category(tracker.get_tracker_snapshot("current"))
 
 
 def _diff(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
@@ -342,38 +334,21 @@ def run_all(seq: int = 512, batch: int = 1, layers: int | None = None) -> dict[s
     """
     lora = []
     baselines: dict[str, Any] = {}
+
+    def measured(name: str, **options: Any) -> dict[str, Any]:
+        return measure_lora_step(name, batch=batch, seq=seq, layers=layers, **options)
+
     for run in LORA_RUNS:
         name = run["model"]
         if name not in baselines:
-            baselines[name] = measure_lora_step(
-                name,
-                adapters=False,
-                input_grads=True,
-                batch=batch,
-                seq=seq,
-                steps=1,
-                layers=layers,
-            )
-        raw = measure_lora_step(
-            name,
-            batch=batch,
-            seq=seq,
-            rank=run["rank"],
-            targets=run["targets"],
-            dropout=run.get("dropout", 0.0),
-            layers=layers,
-        )
-        paired = measure_lora_step(
-            name,
-            batch=batch,
-            seq=seq,
-            rank=run["rank"],
-            targets=run["targets"],
-            dropout=run.get("dropout", 0.0),
-            input_grads=True,
-            steps=1,
-            layers=layers,
-        )
+            baselines[name] = measured(name, adapters=False, input_grads=True, steps=1)
+        adapter = {
+            "rank": run["rank"],
+            "targets": run["targets"],
+            "dropout": run.get("dropout", 0.0),
+        }
+        raw = measured(name, **adapter)
+        paired = measured(name, **adapter, input_grads=True, steps=1)
         lora.append({"run": raw, "with_input_grads": paired})
     kv = [measure_kv_cache(kind) for kind in KV_CONFIGS]
     return {"lora": lora, "lora_baselines": baselines, "kv": kv}

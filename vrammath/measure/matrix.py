@@ -14,9 +14,7 @@ within 1%. A row outside the target stays failing, with its explanation in the d
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,9 +22,11 @@ from typing import Any
 
 from vrammath.compose.estimate import estimate
 from vrammath.compose.setup import Setup, with_changes
+from vrammath.measure import documents
 from vrammath.measure.build import RECIPE_OF, as_spec
+from vrammath.measure.documents import diff  # importable from here, as it was
 from vrammath.measure.matrix_rows import CONFIGS, GPT_TANH, GPU_ROWS, ROWS, SMALL_GQA, SMALL_TIED
-from vrammath.measure.step import measure_training_step
+from vrammath.measure.step import SETUP_KEYS, measure_training_step
 from vrammath.model.params import size_values, tensors
 
 TOLERANCE = {"exact": 0.0, "activations": 0.01, "peak": 0.01}
@@ -37,6 +37,12 @@ ONE_PERCENT = ("activations", "forward_peak", "backward_peak", "step_peak", "pea
 def _model_arg(name: Any) -> Any:
     """A named config of :data:`CONFIGS`, a preset name, or a config dict as it is."""
     return CONFIGS.get(name, name) if isinstance(name, str) else name
+
+
+def row_args(row: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :func:`~vrammath.measure.step.measure_training_step` (and of
+    ``record_training_step``) a row sets: batch, sequence, precision, kernels and optimizer."""
+    return {k: row[k] for k in SETUP_KEYS}
 
 
 def step_counter_bytes(spec: Any, optimizer: str) -> int:
@@ -187,32 +193,21 @@ def run_rows(
         try:
             result = measure_training_step(
                 _model_arg(row["model"]),
-                batch=row["batch"],
-                seq=row["seq"],
-                precision=row["precision"],
-                attention=row["attention"],
-                recompute=row["recompute"],
-                optimizer=row["optimizer"],
-                implementation=row["implementation"],
+                **row_args(row),
                 zero3_ranks=row["zero3_ranks"],
                 steps=steps,
             )
         except Exception as exc:  # a row that cannot run stays visible as failing
-            entry = {**row, "error": f"{type(exc).__name__}: {exc}", "pass": False}
+            entry = documents.failed(row, exc)
             out.append(entry)
             if log:
                 log(f"{row['id']}: ERROR {entry['error']}")
             continue
         comp = compare(estimate_row(row), measured_row(result), row)
         entry = {
-            **row,
-            "components": comp,
-            "pass": all(c["pass"] for c in comp.values()),
+            **documents.scored(row, comp),
             "seconds": round(time.perf_counter() - started, 1),
-            "phases": {
-                it: {ph: result[it][ph]["peak"] for ph in ("forward", "backward", "step")}
-                for it in ("first", "steady")
-            },
+            "phases": documents.phase_peaks(result),
         }
         out.append(entry)
         if log:
@@ -227,34 +222,16 @@ def run_rows(
     return out
 
 
-def worst_rel_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """The largest |relative error| of each component over ``rows`` (components without an
-    estimate, ``rel_error`` None, left out)."""
-    worst: dict[str, float] = {}
-    for r in rows:
-        for name, c in r.get("components", {}).items():
-            if c["rel_error"] is not None:
-                worst[name] = max(worst.get(name, 0.0), abs(c["rel_error"]))
-    return worst
-
-
 def build_matrix(
     rows: list[dict[str, Any]], command: str, *, steps: int = 2, log: Any = None
 ) -> dict[str, Any]:
     """The whole matrix document (what ``validation/matrix.json`` holds)."""
-    import torch
-    import transformers
-
+    found = documents.versions()
     started = time.perf_counter()
     results = run_rows(rows, steps=steps, log=log)
-    worst = worst_rel_errors(results)
     return {
         "command": command,
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": found,
         "method": (
             "Hugging Face model built from the config in FakeTensorMode on device cpu; "
             f"{steps} training iterations (forward with HF's causal-LM loss, backward, AdamW step, "
@@ -268,29 +245,8 @@ def build_matrix(
         },
         "configs": CONFIGS,
         "seconds": round(time.perf_counter() - started, 1),
-        "worst_rel_error": worst,
-        "passed": sum(1 for r in results if r["pass"]),
-        "rows": results,
+        **documents.verdicts(results),
     }
-
-
-def diff(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
-    """Lines describing measured values that changed between two matrices (empty: identical)."""
-    lines = []
-    old = {r["id"]: r for r in committed.get("rows", [])}
-    for row in fresh.get("rows", []):
-        prev = old.get(row["id"])
-        if prev is None:
-            lines.append(f"{row['id']}: new row")
-            continue
-        for name, c in row.get("components", {}).items():
-            p = prev.get("components", {}).get(name)
-            if p is None or p["measured"] != c["measured"] or p["estimated"] != c["estimated"]:
-                lines.append(
-                    f"{row['id']} {name}: {p and (p['estimated'], p['measured'])} -> "
-                    f"{(c['estimated'], c['measured'])}"
-                )
-    return lines
 
 
 def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
@@ -304,16 +260,8 @@ def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
             continue
         spec_row = {k: row[k] for k in ROW_KEYS}
         measured = {name: c["measured"] for name, c in row["components"].items()}
-        comp = compare(estimate_row(spec_row), measured, spec_row)
-        rows.append({**row, "components": comp, "pass": all(c["pass"] for c in comp.values())})
-    worst = worst_rel_errors(rows)
-    return {
-        **committed,
-        "rescored": command,
-        "worst_rel_error": worst,
-        "passed": sum(1 for r in rows if r["pass"]),
-        "rows": rows,
-    }
+        rows.append(documents.scored(row, compare(estimate_row(spec_row), measured, spec_row)))
+    return {**committed, "rescored": command, **documents.verdicts(rows)}
 
 
 def update(committed: dict[str, Any], fresh: dict[str, Any], command: str) -> dict[str, Any]:
@@ -326,15 +274,7 @@ def update(committed: dict[str, Any], fresh: dict[str, Any], command: str) -> di
     for row in sorted(new.values(), key=lambda r: order.get(r["id"], len(order))):
         rows.append(row)
     rows.sort(key=lambda r: order.get(r["id"], len(order)))
-    worst = worst_rel_errors(rows)
-    return {
-        **committed,
-        "configs": CONFIGS,
-        "updated": command,
-        "worst_rel_error": worst,
-        "passed": sum(1 for r in rows if r["pass"]),
-        "rows": rows,
-    }
+    return {**committed, "configs": CONFIGS, "updated": command, **documents.verdicts(rows)}
 
 
 ROW_KEYS = (
@@ -354,7 +294,7 @@ ROW_KEYS = (
 
 def default_path() -> Path:
     """``validation/matrix.json`` of the source checkout."""
-    return Path(__file__).resolve().parents[2] / "validation" / "matrix.json"
+    return documents.validation_file("matrix.json")
 
 
 def run_cuda_rows(rows: list[dict[str, Any]], log: Any = None) -> list[dict[str, Any]]:
@@ -365,30 +305,16 @@ def run_cuda_rows(rows: list[dict[str, Any]], log: Any = None) -> list[dict[str,
         started = time.perf_counter()
         try:
             result = measure_training_step(
-                _model_arg(row["model"]),
-                batch=row["batch"],
-                seq=row["seq"],
-                precision=row["precision"],
-                attention=row["attention"],
-                recompute=row["recompute"],
-                optimizer=row["optimizer"],
-                implementation=row["implementation"],
-                steps=2,
-                device="cuda",
+                _model_arg(row["model"]), **row_args(row), steps=2, device="cuda"
             )
             comp = compare(estimate_row(row, device="cuda"), measured_row(result), row)
             entry = {
-                **row,
-                "components": comp,
-                "pass": all(c["pass"] for c in comp.values()),
+                **documents.scored(row, comp),
                 "allocator": result["steady"].get("allocator", {}),
-                "phases": {
-                    it: {ph: result[it][ph]["peak"] for ph in ("forward", "backward", "step")}
-                    for it in ("first", "steady")
-                },
+                "phases": documents.phase_peaks(result),
             }
         except Exception as exc:  # keep going: every row's outcome is data
-            entry = {**row, "error": f"{type(exc).__name__}: {exc}", "pass": False}
+            entry = documents.failed(row, exc)
         entry["seconds"] = round(time.perf_counter() - started, 1)
         out.append(entry)
         if log:
@@ -400,9 +326,12 @@ def run_cuda_rows(rows: list[dict[str, Any]], log: Any = None) -> list[dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vrammath.measure.matrix", description=__doc__)
-    parser.add_argument("--out", type=Path, default=None, help="write the matrix here")
-    parser.add_argument("--diff", type=Path, default=None, help="compare with this matrix file")
+    parser = documents.document_parser(
+        "vrammath.measure.matrix",
+        __doc__,
+        out_help="write the matrix here",
+        diff_help="compare with this matrix file",
+    )
     parser.add_argument("--quick", action="store_true", help="small-model rows only")
     parser.add_argument(
         "--rows", default=None, help="only rows whose id contains this (or one of a,b,...)"
@@ -447,34 +376,21 @@ def main(argv: list[str] | None = None) -> int:
             "max_memory_allocated per phase after reset_peak_memory_stats",
             "rows": results,
         }
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        documents.write_doc(args.out, doc)
         return 0
     rows = [r for r in ROWS if (r["quick"] or not args.quick)]
     if args.rows:
         wanted = args.rows.split(",")
         rows = [r for r in rows if any(w in r["id"] for w in wanted)]
-    command = "python -m vrammath.measure.matrix " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    matrix = build_matrix(
-        rows, command.strip(), steps=args.steps, log=lambda m: print(m, flush=True)
-    )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(matrix, indent=1) + "\n", encoding="utf-8")
+    command = documents.command_line("vrammath.measure.matrix", argv)
+    matrix = build_matrix(rows, command, steps=args.steps, log=lambda m: print(m, flush=True))
+    documents.write_doc(args.out, matrix)
     if args.update:
         committed = json.loads(args.update.read_text(encoding="utf-8"))
-        merged = update(committed, matrix, command.strip())
+        merged = update(committed, matrix, command)
         args.update.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
-    status = 0
-    if args.diff:
-        changes = diff(matrix, json.loads(args.diff.read_text(encoding="utf-8")))
-        for line in changes:
-            print("changed:", line)
-        status = 1 if changes else 0
-    print(f"{matrix['passed']}/{len(matrix['rows'])} rows pass; worst: {matrix['worst_rel_error']}")
+    status = documents.diff_status(args.diff, matrix)
+    print(documents.pass_line(matrix))
     return status
 
 

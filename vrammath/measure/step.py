@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from vrammath.measure.build import (
@@ -32,18 +33,37 @@ from vrammath.measure.build import (
     as_spec,
     autocast_dtype,
     build_model,
+    check_choice,
     check_positive,
     gelu_of,
     real_training_masks,
 )
 from vrammath.model.spec import ModelSpec
-from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.errors import InputError
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 RECOMPUTE = ("none", "full")
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
 PHASES = ("forward", "backward", "step", "zero_grad")
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What a measured step runs with, as :func:`measure_training_step` and
+    ``allocator_events.record_training_step`` take it (and record it, in this order)."""
+
+    batch: int
+    seq: int
+    precision: str
+    attention: str
+    recompute: str
+    optimizer: str
+    implementation: str
+
+
+SETUP_KEYS = tuple(f.name for f in fields(_Setup))
+"""The setup's names: a matrix row's keys of the same names are the step's arguments."""
 
 
 def _lean_tracker(base: Any) -> Any:
@@ -77,10 +97,8 @@ def _enable_checkpointing(model: Any) -> None:
 def _make_optimizer(params: Any, optimizer: str, implementation: str) -> Any:
     import torch
 
-    if optimizer not in OPTIMIZERS:
-        raise one_of("optimizer", optimizer, OPTIMIZERS)
-    if implementation not in IMPLEMENTATIONS:
-        raise one_of("implementation", implementation, IMPLEMENTATIONS)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_choice("implementation", implementation, IMPLEMENTATIONS)
     impl = {
         "for-loop": {"foreach": False, "fused": False},
         "foreach": {"foreach": True, "fused": False},
@@ -113,14 +131,7 @@ class _Phases:
                 else torch.cuda.memory_allocated()
             )
             return {"Total": int(total)}
-        snap = self.tracker.get_tracker_snapshot(kind)
-        out = dict.fromkeys(CATEGORIES, 0)
-        out["Total"] = 0
-        for dev_snap in snap.values():
-            for key, value in dev_snap.items():
-                name = getattr(key, "value", key)
-                out[str(name)] = out.get(str(name), 0) + int(value)
-        return out
+        return _by_category(self.tracker.get_tracker_snapshot(kind))
 
     def _reset_peak(self) -> None:
         if self.cuda:
@@ -152,6 +163,17 @@ class _Phases:
         record[name] = {"end": end, "peak": peak, "seconds": round(time.perf_counter() - start, 3)}
 
 
+def _by_category(snap: Mapping[Any, Mapping[Any, Any]]) -> dict[str, int]:
+    """Bytes per category (and ``Total``) of a MemTracker snapshot, summed over its devices."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    out["Total"] = 0
+    for dev_snap in snap.values():
+        for key, value in dev_snap.items():
+            name = str(getattr(key, "value", key))  # MemTracker's keys are enums
+            out[name] = out.get(name, 0) + int(value)
+    return out
+
+
 def _split_cuda(total: int, states: dict[str, int], fill: str) -> dict[str, int]:
     out = dict.fromkeys(CATEGORIES, 0)
     out.update(states)
@@ -160,19 +182,20 @@ def _split_cuda(total: int, states: dict[str, int], fill: str) -> dict[str, int]
     return out
 
 
-def _tensor_bytes(tensors: Any) -> int:
+def _distinct_bytes(storages: Iterable[Any], key: Callable[[Any], int]) -> int:
+    """Bytes of ``storages``, each storage (as ``key`` tells them apart) counted once."""
     seen: set[int] = set()
     total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        st = t.untyped_storage()
-        key = st.data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += st.nbytes()
+    for st in storages:
+        if key(st) not in seen:
+            seen.add(key(st))
+            total += st.nbytes()
     return total
+
+
+def _tensor_bytes(tensors: Any) -> int:
+    storages = (t.untyped_storage() for t in tensors if t is not None)
+    return _distinct_bytes(storages, lambda st: st.data_ptr())
 
 
 def measure_training_step(
@@ -201,19 +224,8 @@ def measure_training_step(
     import torch
     import transformers
 
-    spec = as_spec(model)
-    gelu = gelu_of(model)
-    if precision not in PRECISIONS:
-        raise one_of("precision", precision, PRECISIONS)
-    if attention not in ATTENTIONS:
-        raise one_of("attention", attention, ATTENTIONS)
-    if recompute not in RECOMPUTE:
-        raise one_of("recompute", recompute, RECOMPUTE)
-    if device not in ("cpu", "cuda"):
-        raise one_of("device", device, ("cpu", "cuda"))
-    check_positive("batch", batch)
-    check_positive("seq", seq)
-    check_positive("steps", steps)
+    setup = _Setup(batch, seq, precision, attention, recompute, optimizer, implementation)
+    spec, gelu = _checked(model, setup, steps, device)
     if zero3_ranks is not None:
         check_positive("zero3_ranks", zero3_ranks)
         if device == "cuda":
@@ -225,13 +237,7 @@ def measure_training_step(
     result: dict[str, Any] = {
         "model": spec.name,
         "setup": {
-            "batch": batch,
-            "seq": seq,
-            "precision": precision,
-            "attention": attention,
-            "recompute": recompute,
-            "optimizer": optimizer,
-            "implementation": implementation,
+            **asdict(setup),
             "zero3_ranks": zero3_ranks,
             "steps": steps,
             "layers": spec.layers if layers is None else layers,
@@ -241,39 +247,31 @@ def measure_training_step(
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
     if device == "cuda":
-        iterations = _run_cuda(
-            spec,
-            batch,
-            seq,
-            precision,
-            attention,
-            recompute,
-            optimizer,
-            implementation,
-            steps,
-            layers,
-            gelu,
-        )
+        iterations = _run_cuda(spec, setup, steps, layers, gelu)
     else:
-        iterations = _run_fake(
-            spec,
-            batch,
-            seq,
-            precision,
-            attention,
-            recompute,
-            optimizer,
-            implementation,
-            zero3_ranks,
-            steps,
-            layers,
-            gelu,
-        )
+        iterations = _run_fake(spec, setup, zero3_ranks, steps, layers, gelu)
     result["iterations"] = iterations
     result["first"] = iterations[0]
     result["steady"] = iterations[-1]
     result["seconds"] = round(time.perf_counter() - started, 2)
     return result
+
+
+def _checked(
+    model: ModelSpec | str | Mapping[str, object], setup: _Setup, steps: int, device: str = "cpu"
+) -> tuple[ModelSpec, str]:
+    """The spec and GeLU of ``model``, once the setup is checked (the optimizer is checked as
+    it is made)."""
+    spec = as_spec(model)
+    gelu = gelu_of(model)
+    check_choice("precision", setup.precision, PRECISIONS)
+    check_choice("attention", setup.attention, ATTENTIONS)
+    check_choice("recompute", setup.recompute, RECOMPUTE)
+    check_choice("device", device, ("cpu", "cuda"))
+    check_positive("batch", setup.batch)
+    check_positive("seq", setup.seq)
+    check_positive("steps", steps)
+    return spec, gelu
 
 
 def _loop(
@@ -313,15 +311,43 @@ def _loop(
     return iterations
 
 
+def _training_model(spec: ModelSpec, setup: _Setup, layers: int | None, gelu: str) -> Any:
+    """The seeded model of a measured step, checkpointed under full recomputation (call it
+    inside ``FakeTensorMode`` or a ``torch.device`` context)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = build_model(
+        spec, precision=setup.precision, attention=setup.attention, layers=layers, gelu=gelu
+    )
+    if setup.recompute == "full":
+        _enable_checkpointing(model)
+    return model
+
+
+def _mem_tracker(*tracked: Any) -> Any:
+    """A lean MemTracker that counts ``tracked`` (modules, optimizers, tensors) by category."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = _lean_tracker(MemTracker)()
+    tracker.track_external(*tracked)
+    return tracker
+
+
+def _tracked_loop(
+    tracker: Any, model: Any, opt: Any, ids: Any, precision: str, steps: int
+) -> list[dict[str, Any]]:
+    """:func:`_loop` on the CPU under ``tracker``, each phase's snapshots taken from it."""
+    phases = _Phases(tracker, cuda=False)
+    with tracker:
+        return _loop(
+            model, opt, phases, ids, precision, "cpu", steps, lambda: phases._snapshot("current")
+        )
+
+
 def _run_fake(
     spec: ModelSpec,
-    batch: int,
-    seq: int,
-    precision: str,
-    attention: str,
-    recompute: str,
-    optimizer: str,
-    implementation: str,
+    setup: _Setup,
     zero3_ranks: int | None,
     steps: int,
     layers: int | None,
@@ -329,7 +355,6 @@ def _run_fake(
 ) -> list[dict[str, Any]]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     group = contextlib.ExitStack()
     with group:
@@ -337,39 +362,22 @@ def _run_fake(
         if zero3_ranks is not None:
             mesh = group.enter_context(_fake_process_group(zero3_ranks))
         with real_training_masks(), FakeTensorMode():
-            torch.manual_seed(0)
-            model = build_model(
-                spec, precision=precision, attention=attention, layers=layers, gelu=gelu
-            )
-            if recompute == "full":
-                _enable_checkpointing(model)
+            model = _training_model(spec, setup, layers, gelu)
             if mesh is not None:
                 from torch.distributed.fsdp import fully_shard
 
                 for block in _decoder_layers(model):
                     fully_shard(block, mesh=mesh)
                 fully_shard(model, mesh=mesh)
-            opt = _make_optimizer(model.parameters(), optimizer, implementation)
-            ids = torch.randint(0, spec.vocab, (batch, seq))
+            opt = _make_optimizer(model.parameters(), setup.optimizer, setup.implementation)
+            ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
             if mesh is not None:
                 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
                 tracker = _lean_tracker(FSDPMemTracker)(model, opt)
             else:
-                tracker = _lean_tracker(MemTracker)()
-                tracker.track_external(model, opt)
-            phases = _Phases(tracker, cuda=False)
-            with tracker:
-                return _loop(
-                    model,
-                    opt,
-                    phases,
-                    ids,
-                    precision,
-                    "cpu",
-                    steps,
-                    lambda: phases._snapshot("current"),
-                )
+                tracker = _mem_tracker(model, opt)
+            return _tracked_loop(tracker, model, opt, ids, setup.precision, steps)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -397,17 +405,7 @@ def _fake_process_group(world: int) -> Iterator[Any]:
 
 
 def _run_cuda(
-    spec: ModelSpec,
-    batch: int,
-    seq: int,
-    precision: str,
-    attention: str,
-    recompute: str,
-    optimizer: str,
-    implementation: str,
-    steps: int,
-    layers: int | None,
-    gelu: str = "gelu_new",
+    spec: ModelSpec, setup: _Setup, steps: int, layers: int | None, gelu: str = "gelu_new"
 ) -> list[dict[str, Any]]:
     import torch
 
@@ -416,14 +414,9 @@ def _run_cuda(
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
     with real_training_masks(), torch.device("cuda"):
-        torch.manual_seed(0)
-        model = build_model(
-            spec, precision=precision, attention=attention, layers=layers, gelu=gelu
-        )
-        if recompute == "full":
-            _enable_checkpointing(model)
-        opt = _make_optimizer(model.parameters(), optimizer, implementation)
-        ids = torch.randint(0, spec.vocab, (batch, seq))
+        model = _training_model(spec, setup, layers, gelu)
+        opt = _make_optimizer(model.parameters(), setup.optimizer, setup.implementation)
+        ids = torch.randint(0, spec.vocab, (setup.batch, setup.seq))
     params = list(model.parameters())
     buffers = list(model.buffers())
 
@@ -444,7 +437,7 @@ def _run_cuda(
     def start() -> dict[str, int]:
         return _split_cuda(torch.cuda.memory_allocated(), states(), "Activation")
 
-    iterations = _loop(model, opt, phases, ids, precision, "cuda", steps, start)
+    iterations = _loop(model, opt, phases, ids, setup.precision, "cuda", steps, start)
     stats = torch.cuda.memory_stats()
     iterations[-1]["allocator"] = {
         k: int(v)
