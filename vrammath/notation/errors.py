@@ -28,7 +28,8 @@ class ContextWarning(UserWarning):
     """A setup or an answer runs past the positions its model is configured for
     (``max_position_embeddings``). The memory is still counted, as it would be for a context
     extended by RoPE scaling; how well the model does there is another matter. The CLI prints
-    the same line in its ``warnings``; filter it with :mod:`warnings` where it is meant.
+    the same line in its ``warnings``; filter it with Python's ``warnings`` module where it is
+    meant.
     """
 
 
