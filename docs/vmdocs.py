@@ -145,27 +145,19 @@ def peak_text(est: vm.Estimate) -> str:
 
 def context_note(tokens: int, *specs: vm.ModelSpec, serving: bool = False) -> str:
     """What a page says when it counts memory past a model's trained context: the CLI's own
-    warning for each model past it (:func:`vrammath.compose.setup.setup_warnings`, or
-    :func:`vrammath.serve.estimate.serve_warnings` with ``serving``), or ``""``.
+    line for each model past it (``ModelSpec.past_context``, the line ``setup_warnings`` gives,
+    or with ``serving`` the one ``serve_warnings`` gives), or ``""``.
 
     >>> context_note(2048, vm.load_model("llama-7b"))
     ''
     >>> context_note(4096, vm.load_model("llama-7b"))[:60]
     "Past a model's trained context the numbers still count its m"
     """
-    from vrammath.compose.setup import setup_warnings
-    from vrammath.serve.estimate import serve_warnings
-
-    def warnings(spec: vm.ModelSpec) -> tuple[str, ...]:
-        if serving:
-            return serve_warnings(vm.Serve(spec, context=tokens))
-        return setup_warnings(vm.Setup(spec, seq_len=tokens))
-
+    field = "context" if serving else "seq_len"
     past = [
-        f"{spec.name}: {warning}"
+        f"{spec.name}: {line}"
         for spec in specs
-        for warning in warnings(spec)
-        if "max_position_embeddings" in warning
+        if (line := spec.past_context(field, tokens)) is not None
     ]
     if not past:
         return ""

@@ -174,15 +174,15 @@ class ServeEstimate:
         n = self.setup.batch if batch is None else batch
         if n * self._seq_bytes(1) > budget:
             return 0
-        lo, hi = limit, limit + 1  # lo fits, hi does not
+        lo = limit
         if n * self._seq_bytes(limit) > budget:
-            lo, hi = 1, limit
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if n * self._seq_bytes(mid) <= budget:
-                lo = mid
-            else:
-                hi = mid
+            lo, hi = 1, limit  # lo fits, hi does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if n * self._seq_bytes(mid) <= budget:
+                    lo = mid
+                else:
+                    hi = mid
         spec = self.setup.model
         warn_context(spec.name, spec.past_context("max_context", lo))
         return lo
