@@ -201,9 +201,10 @@ def _cmd_estimate(args: argparse.Namespace) -> Result:
     est = estimate(setup)
     data: dict[str, Any] = estimate_dict(est)
     data["warnings"] = list(setup_warnings(setup))
+    engine = "" if setup.engine == "hf" else f" ({setup.engine})"
     head = (
         f"{setup.model.name}: {param_count(setup.model):,} parameters; {setup.recipe}, "
-        f"{setup.optimizer} ({setup.implementation}), ZeRO-{setup.zero} over {setup.gpus} GPU(s), "
+        f"{setup.optimizer} ({setup.implementation}), ZeRO-{setup.zero}{engine} over {setup.gpus} GPU(s), "
         f"micro-batch {setup.micro_batch} x {setup.seq_len} tokens"
     )
     moe = data.get("moe")

@@ -34,14 +34,15 @@ from vrammath.answers.budget import (
     host_check,
     setup_budget,
 )
-from vrammath.answers.inverse import SEARCH_CAP, Solution, largest, smallest
+from vrammath.answers.inverse import SEARCH_CAP, Method, Solution, largest, smallest
 from vrammath.answers.plan import Plan, cheapest_fit, checked_setup, plan_label
 from vrammath.answers.report import estimate_dict, estimate_table
 from vrammath.compose.estimate import Estimate, estimate
-from vrammath.compose.setup import Setup
+from vrammath.compose.setup import Setup, with_changes
 from vrammath.notation.errors import InputError, warn_context
 from vrammath.notation.symbols import N_d, b, s
 from vrammath.notation.units import fmt_bytes
+from vrammath.terms.parallel import tensor_numels
 
 
 def _checked(est: object, budget: Budget | None) -> tuple[Estimate, Budget]:
@@ -172,10 +173,51 @@ def fewest_gpus(est: Estimate, budget: Budget | None = None, *, multiple_of: int
     (True, True)
     """
     est, bud = _checked(est, budget)
+    if est.setup.engine == "zero1-torch":
+        return _fewest_by_partition(est, bud, multiple_of)
     sol = smallest(
         gpu_terms(est), est.values, N_d, bud.usable, multiple_of=multiple_of, question="fewest GPUs"
     )
     return _with_host(sol, est, bud, multiple_of, grows=False)
+
+
+def _fewest_by_partition(est: Estimate, bud: Budget, step: int) -> Solution:
+    """:func:`fewest_gpus` under ``--engine zero1-torch``: the busiest rank's share ``P_r`` is a
+    whole-tensor partition, no expression in ``N_d``, so each candidate is estimated afresh
+    (doubling, then bisection; memory falls as ranks are added). Past one rank per tensor the
+    share is the largest tensor and nothing changes: the search stops there."""
+    setup = est.setup
+    cap = len(tensor_numels(setup.model)) * step
+
+    def at(n: int) -> int:
+        return estimate(with_changes(setup, gpus=n, rank=None)).gpu_bytes
+
+    def answer(n: int | None, method: Method = "search") -> Solution:
+        neighbour = None if n is None or n == step else n - step
+        return Solution(
+            question="fewest GPUs",
+            unknown=N_d,
+            status="none-fits" if n is None else "ok",
+            value=n,
+            method=method,
+            limit=bud.usable,
+            bytes=None if n is None else at(n),
+            neighbour=neighbour,
+            neighbour_bytes=None if neighbour is None else at(neighbour),
+            expr=sympy.Add(*gpu_terms(est)),
+        )
+
+    if at(step) <= bud.usable:
+        return answer(step)
+    lo, hi = step, 2 * step  # at(lo) does not fit; find hi that does
+    while at(hi) > bud.usable:
+        if hi >= cap:
+            return answer(None)
+        lo, hi = hi, min(2 * hi, cap)
+    while hi - lo > step:
+        mid = (lo + hi) // (2 * step) * step
+        lo, hi = (lo, mid) if at(mid) <= bud.usable else (mid, hi)
+    return answer(hi)
 
 
 @dataclass(frozen=True)

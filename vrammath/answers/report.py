@@ -18,6 +18,7 @@ import functools
 
 import sympy
 
+from vrammath.compose.engines import counted_rank
 from vrammath.compose.estimate import Estimate
 from vrammath.model.params import param_count
 from vrammath.notation.fields import field_values
@@ -65,7 +66,28 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     }
     if setup.model.experts is not None:
         out["moe"] = moe_dict(est)
+    if setup.engine == "zero1-torch":
+        index, owned = counted_rank(setup)
+        out["rank"] = {
+            "index": index,
+            "of": setup.gpus,
+            "busiest": setup.rank is None,
+            "optimizer_params": owned,
+        }
     return out
+
+
+def rank_line(est: Estimate) -> str | None:
+    """Which rank an estimate counts, where ranks differ (``--engine zero1-torch``)."""
+    setup = est.setup
+    if setup.engine != "zero1-torch":
+        return None
+    index, owned = counted_rank(setup)
+    which = "the busiest" if setup.rank is None else "--rank"
+    return (
+        f"rank {index} of {setup.gpus} ({which}): owns the optimizer states of {owned:,} of "
+        f"{param_count(setup.model):,} parameters (ZeroRedundancyOptimizer's whole tensors)"
+    )
 
 
 def moe_dict(est: Estimate) -> dict[str, object]:
@@ -126,6 +148,9 @@ def estimate_table(est: Estimate) -> str:
             f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}, "
             f"{room} {fmt_gb(abs(free))} / {fmt_gib(abs(free))}"
         )
+    rank = rank_line(est)
+    if rank is not None:
+        lines.append(rank)
     if est.unestimated:
         lines.append("not estimated: " + ", ".join(est.unestimated) + " (totals exclude them)")
     lines.append(
@@ -219,4 +244,4 @@ def serve_table(est: ServeEstimate) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["estimate_dict", "estimate_table", "serve_dict", "serve_table"]
+__all__ = ["estimate_dict", "estimate_table", "rank_line", "serve_dict", "serve_table"]

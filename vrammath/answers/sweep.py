@@ -19,7 +19,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ import sympy
 from vrammath.answers.budget import active_branch, branches, exact_bytes, gpu_terms, symbol_named
 from vrammath.compose.estimate import Estimate
 from vrammath.notation.errors import InputError
-from vrammath.notation.symbols import N_d, b, p, s, t
+from vrammath.notation.symbols import N_d, P_r, b, p, s, t
 
 if TYPE_CHECKING:
     import numpy as np
@@ -207,11 +207,31 @@ def _estimate(est: object) -> Estimate:
 
 def _knobs(est: Estimate, knobs: object) -> list[sympy.Symbol]:
     """The knobs as symbols of the estimate (names are looked up, never parsed)."""
+    if knobs is KNOBS:  # the default: the knobs this estimate can vary
+        knobs = [k for k in KNOBS if k in est.values and not _partitioned(est, k)]
     items = [knobs] if isinstance(knobs, str | sympy.Symbol) else knobs
     if not isinstance(items, list | tuple):
         raise InputError("knobs", "must be a sequence of symbols or symbol names", got=knobs)
+    return _named(est, "knobs", items)
+
+
+def _partitioned(est: Estimate, symbol: sympy.Symbol) -> bool:
+    # under zero1-torch the rank's share P_r is a whole-tensor partition fixed by N_d
+    return est.setup.engine == "zero1-torch" and symbol in (N_d, P_r)
+
+
+def _named(est: Estimate, field: str, items: Iterable[object]) -> list[sympy.Symbol]:
     allowed = sorted(est.values, key=str)
-    return [symbol_named("knobs", k, allowed) for k in items]
+    out = [symbol_named(field, k, allowed) for k in items]
+    for sym in out:
+        if _partitioned(est, sym):
+            raise InputError(
+                field,
+                f"{sym} cannot vary under --engine zero1-torch (the rank's share P_r is a "
+                "partition of whole tensors, no expression in N_d): estimate each --gpus",
+                got=str(sym),
+            )
+    return out
 
 
 def _axis(name: str, values: object) -> Any:
@@ -269,8 +289,11 @@ def sweep(
     terms = gpu_terms(est)
     if not isinstance(axes, Mapping):
         raise InputError("axes", "must map symbols of the estimate to arrays", got=axes)
-    allowed = sorted(est.values, key=str)
-    swept = {symbol_named("axes", k, allowed): _axis(str(k), v) for k, v in axes.items()}
+    names = list(axes)
+    swept = {
+        sym: _axis(str(k), axes[k])
+        for sym, k in zip(_named(est, "axes", names), names, strict=True)
+    }
     args = tuple(sorted(set().union(*(term.free_symbols for term in terms)), key=str))
     func = _compiled(terms, args)
     arrays = swept

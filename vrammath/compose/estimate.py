@@ -25,6 +25,7 @@ from functools import cached_property
 
 import sympy
 
+from vrammath.compose.engines import check_engine, counted_rank, sharded_stage
 from vrammath.compose.moe_stage import stage_copies
 from vrammath.compose.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.compose.rows import (
@@ -42,7 +43,7 @@ from vrammath.compose.table import TERMS
 from vrammath.model.params import rank_param_count
 from vrammath.model.presets import GPU, gpu
 from vrammath.notation.errors import InputError, warn_context
-from vrammath.notation.symbols import N_d, P, b, m, p, r, s, t
+from vrammath.notation.symbols import N_d, P, P_r, b, m, p, r, s, t
 from vrammath.terms.lora.linears import check_estimated_targets
 from vrammath.terms.moe.params import ep_replica_params, expert_values
 from vrammath.terms.states import state_values
@@ -199,6 +200,8 @@ def _values(ctx: Context) -> dict[sympy.Symbol, int]:
         values |= expert_values(setup.model, setup.ep)
     if setup.korthikanti_moe:  # the busiest pipeline rank of vrammath.terms.moe.layout
         values |= ctx.moe_values
+    if setup.engine == "zero1-torch":
+        values[P_r] = counted_rank(setup)[1]
     return values
 
 
@@ -217,11 +220,14 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     if expr is None:
         return None
     setup = ctx.setup
-    dim0 = None
+    dim0: sympy.Expr | None = None
     if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
         dim0 = dim0_shard_params(setup.model)
+    elif setup.engine == "zero1-torch":
+        dim0 = P_r  # the rank's own tensors (vrammath.compose.engines)
     replica = ep_replica_params() if setup.ep > 1 else None
-    out = per_rank(term, expr, zero=setup.zero, offloaded=offloaded, dim0=dim0, replica=replica)
+    zero = sharded_stage(setup, term)
+    out = per_rank(term, expr, zero=zero, offloaded=offloaded, dim0=dim0, replica=replica)
     copies = stage_copies(setup) if setup.korthikanti_moe else 1
     # DualPipe: the 2 N_d ranks holding a stage shard its states together
     return out.xreplace({N_d: copies * N_d}) if copies > 1 else out
@@ -253,6 +259,7 @@ def check_modelled(setup: Setup) -> None:
     :func:`estimate` checks before it composes (a plan skips the variants it refuses)."""
 
     spec = setup.model
+    check_engine(setup)
     if setup.korthikanti_moe:
         _check_korthikanti_moe(setup)
         return

@@ -253,9 +253,11 @@ def per_rank(
     and 0 on the GPU when its offload is on and it is sharded (each rank's shard streams to the
     host, which keeps it: the row's CPU twin).
 
-    ``dim0`` is the parameter count of the fullest rank when each tensor is sharded on its dim 0
-    (FSDP2, :func:`dim0_shard_params`); a row proportional to ``P`` then holds that many
-    parameters' bytes instead of ``1/N_d`` of them. ``replica`` is what one rank holds of ``P``
+    ``dim0`` is the parameter count of the rank where the engine does not cut ``P`` into
+    ``N_d`` equal parts: the fullest rank when each tensor is sharded on its dim 0 (FSDP2,
+    :func:`dim0_shard_params`), or the whole tensors a rank owns (``P_r``,
+    ``ZeroRedundancyOptimizer``); a row proportional to ``P`` then holds that many parameters'
+    bytes instead of ``1/N_d`` of them. ``replica`` is what one rank holds of ``P``
     where ZeRO does not shard a ``"dp+edp"`` row under expert parallelism
     (:func:`vrammath.terms.moe.params.ep_replica_params`; sharded, the groups come to ``P / N_d``).
 

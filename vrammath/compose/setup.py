@@ -35,6 +35,7 @@ from vrammath.notation.vocab import (
     ACTIVATION_POLICY_NAMES,
     ATTENTIONS,
     DEVICES,
+    ENGINES,
     IMPLEMENTATIONS,
     ITERATIONS,
     OPTIMIZERS,
@@ -47,6 +48,7 @@ from vrammath.notation.vocab import (
     ActivationPolicyName,
     Attention,
     Device,
+    Engine,
     Implementation,
     Iteration,
     Optimizer,
@@ -187,6 +189,21 @@ class Setup:
         "each tensor's dim 0 in ceil(dim0/N) rows, rank 0 the fullest)",
         choices=SHARDS,
     )
+    engine: Engine = declared(
+        "hf",
+        "--engine",
+        "whose per-rank rules apply: hf (the Hugging Face loop; --zero as DeepSpeed's flat "
+        "partition) or zero1-torch (PyTorch's ZeroRedundancyOptimizer, ZeRO-1 by whole tensors)",
+        choices=ENGINES,
+    )
+    rank: int | None = declared(
+        None,
+        "--rank",
+        "the data-parallel rank counted, 0..gpus-1, where ranks differ (--engine zero1-torch; "
+        "default: the busiest)",
+        low=0,
+        high=MAX_COUNT,
+    )
     keep_outputs: bool = declared(
         False,
         "--keep-outputs",
@@ -262,6 +279,11 @@ class Setup:
         check("optimizer", self.optimizer, OPTIMIZERS)
         check("implementation", self.implementation, IMPLEMENTATIONS)
         object.__setattr__(self, "zero", zero_stage(self.zero))
+        check("engine", self.engine, ENGINES)
+        if self.engine == "zero1-torch" and self.zero in (0, 1):
+            object.__setattr__(self, "zero", 1)  # the engine is ZeRO-1: --zero may say so or not
+        elif self.engine == "zero1-torch":
+            raise InputError("zero", "--engine zero1-torch is ZeRO stage 1", got=self.zero)
         for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout", "keep_outputs"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(name, "must be true or false", getattr(self, name))
@@ -291,6 +313,12 @@ class Setup:
 
     def _check_read(self) -> None:
         """Refuse a field set where nothing reads it (it would change nothing, silently)."""
+        if self.rank is not None and self.engine != "zero1-torch":
+            raise InputError(
+                "rank", "is read only where ranks differ (--engine zero1-torch)", self.rank
+            )
+        if self.rank is not None and self.rank >= self.gpus:
+            raise InputError("rank", f"must be below --gpus ({self.gpus})", got=self.rank)
         if self.shard != "flat" and self.zero == 0:
             raise InputError(
                 "shard", "is read only where ZeRO/FSDP shards states (--zero 1, 2 or 3)", self.shard

@@ -63,13 +63,46 @@ TINY_LLAMA = {
 }
 """A 2-layer LLaMA whose every dim-0 divides by 8 (FSDP shards without padding)."""
 
-CONFIGS: dict[str, Any] = {"tiny-llama": TINY_LLAMA}
+TINY_QWEN_TIED = {
+    "model_type": "qwen2",
+    "hidden_size": 192,
+    "intermediate_size": 512,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "vocab_size": 3001,
+    "tie_word_embeddings": True,
+}
+"""A 3-layer Qwen2 (QKV biases), tied embeddings, an odd vocabulary: shards that do not divide."""
+
+TINY_ODD_HEAD = {
+    "model_type": "llama",
+    "hidden_size": 200,
+    "intermediate_size": 536,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 5,
+    "num_key_value_heads": 1,
+    "head_dim": 48,
+    "vocab_size": 2051,
+}
+"""A 2-layer LLaMA with one KV head (MQA) and head_dim 48, not hidden/heads (40)."""
+
+CONFIGS: dict[str, Any] = {
+    "tiny-llama": TINY_LLAMA,
+    "tiny-qwen-tied": TINY_QWEN_TIED,
+    "tiny-odd-head": TINY_ODD_HEAD,
+}
 
 ENGINES: dict[str, dict[str, Any]] = {
     "megatron-copy": {"recipe": "bf16-mixed", "zero": 0, "dtype": "bf16"},
     "megatron-main-grad": {"recipe": "bf16-megatron", "zero": 0, "dtype": "bf16"},
-    "zero1-zro": {"recipe": "fp32", "zero": 1, "dtype": "fp32"},
-    "zero1-zro-master": {"recipe": "bf16-mixed", "zero": 1, "dtype": "bf16"},
+    "zero1-zro": {"recipe": "fp32", "zero": 1, "dtype": "fp32", "profile": "zero1-torch"},
+    "zero1-zro-master": {
+        "recipe": "bf16-mixed",
+        "zero": 1,
+        "dtype": "bf16",
+        "profile": "zero1-torch",
+    },
     "zero2-fsdp": {"recipe": "bf16-mixed", "zero": 2, "dtype": "fp32"},
     "zero3-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32"},
     "offload-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32", "offload": True},
@@ -78,7 +111,8 @@ ENGINES: dict[str, dict[str, Any]] = {
     "deepspeed-zero2": {"recipe": "bf16-mixed", "zero": 2, "dtype": "bf16"},
     "deepspeed-zero3": {"recipe": "bf16-mixed", "zero": 3, "dtype": "bf16"},
 }
-"""Engine -> the vrammath recipe/ZeRO stage it is compared with and the dtype it builds in."""
+"""Engine -> the vrammath recipe/ZeRO stage it is compared with, the dtype it builds in and,
+where it is not ``hf``, the ``Setup.engine`` whose per-rank rules apply (``profile``)."""
 
 
 def _storage_bytes(tensors: Any) -> int:
@@ -177,11 +211,11 @@ def _zro(params: list[Any]) -> Any:
 
 
 @contextlib.contextmanager
-def _maybe_group(ranks: int | None) -> Iterator[Any]:
+def _maybe_group(ranks: int | None, rank: int = 0) -> Iterator[Any]:
     if ranks is None:
         yield None
     else:
-        with _fake_process_group(ranks) as mesh:
+        with _fake_process_group(ranks, rank) as mesh:
             yield mesh
 
 
@@ -260,8 +294,9 @@ def measure_engine(
     ranks: int = 8,
     steps: int = 2,
     loop: str = "loss",
+    rank: int = 0,
 ) -> dict[str, Any]:
-    """Run ``steps`` iterations of ``engine`` on rank 0 of ``ranks`` and count its memory.
+    """Run ``steps`` iterations of ``engine`` on rank ``rank`` of ``ranks`` and count its memory.
 
     Returns per iteration the phases' end and peak snapshots (MemTracker categories and
     ``Total``), and the model states counted from the tensors: ``parameters`` (weights and
@@ -280,6 +315,8 @@ def measure_engine(
     check_choice("engine", engine, list(ENGINES))
     check_choice("loop", loop, LOOPS)
     spec = as_spec(model)
+    if rank and "profile" not in ENGINES[engine]:
+        raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):
         return measure_deepspeed(
             int(engine[-1]),
@@ -293,7 +330,7 @@ def measure_engine(
     fsdp = engine.endswith("fsdp")
     needs_group = fsdp or engine.startswith("zero1")
     with (
-        _maybe_group(ranks if needs_group else None) as mesh,
+        _maybe_group(ranks if needs_group else None, rank) as mesh,
         real_training_masks(),
         FakeTensorMode(),
     ):

@@ -33,13 +33,14 @@ from vrammath.measure.engine_runs import (
 
 
 def estimate_engine(
-    engine: str, model: Any, *, batch: int, seq: int, attention: str, ranks: int
+    engine: str, model: Any, *, batch: int, seq: int, attention: str, ranks: int, rank: int = 0
 ) -> dict[str, Any]:
     """vrammath's numbers for the recipe an engine implements, from the public API only."""
 
     cfg = ENGINES[engine]
     spec = as_spec(model)
     offload = bool(cfg.get("offload"))
+    profile = cfg.get("profile", "hf")
 
     def setup(iteration: str) -> Any:
         return vm.Setup(
@@ -56,6 +57,8 @@ def estimate_engine(
             offload_optimizer=offload,
             offload_params=offload,
             iteration=iteration,
+            engine=profile,
+            rank=None if profile == "hf" else rank,
         )
 
     est = vm.estimate(setup("steady"))
@@ -128,18 +131,11 @@ EXPLAIN: dict[tuple[str, str], str] = {
         "+4 bytes/param: the persistent fp32 grad buffer is full-size from the backward's start "
         "(where the peak is); vrammath's gradients grow during the backward"
     ),
-    ("zero1-zro", "optimizer"): (
-        "ZeroRedundancyOptimizer assigns whole tensors to ranks (largest first, to the least "
-        "loaded rank), not P/N elements; rank 0 holds the largest tensor's states"
-    ),
-    ("zero1-zro-master", "optimizer"): (
-        "ZeroRedundancyOptimizer assigns whole tensors to ranks (largest first, to the least "
-        "loaded rank), not P/N elements; rank 0 holds the largest tensor's states"
-    ),
-    ("zero1-zro-master", "parameters"): (
-        "ZeroRedundancyOptimizer shards only its inner optimizer's states: the fp32 masters of "
-        "the wrapper stay whole on every rank (4 bytes/param), where ZeRO-1 (DeepSpeed, "
-        "Megatron's distributed optimizer) shards them"
+    ("zero1-zro-master", "step_peak"): (
+        "+2 bytes/param: the master wrapper is Megatron's copy (megatron-copy): its step "
+        "replaces each bf16 gradient by an fp32 copy on the master, which no vrammath engine "
+        "profile models yet; ZeroRedundancyOptimizer's own rule (states of whole tensors, "
+        "masters whole) holds in every other component"
     ),
     ("zero2-fsdp", "parameters"): (
         "FSDP2 without resharding after forward is not ZeRO-2: the persistent parameter is the "
@@ -251,15 +247,18 @@ def compare(engine: str, estimated: dict[str, int], measured: dict[str, int]) ->
     return out
 
 
-def _row(engine: str, model: str, batch: int, seq: int, *, quick: bool) -> dict[str, Any]:
+def _row(
+    engine: str, model: str, batch: int, seq: int, *, quick: bool, rank: int = 0
+) -> dict[str, Any]:
     return {
-        "id": f"{engine}/{model}/b{batch}/s{seq}/x8",
+        "id": f"{engine}/{model}/b{batch}/s{seq}/x8" + (f"/r{rank}" if rank else ""),
         "engine": engine,
         "model": model,
         "batch": batch,
         "seq": seq,
         "attention": "sdpa",
         "ranks": 8,
+        "rank": rank,
         **ENGINES[engine],
         "quick": quick,
         "needs": "deepspeed" if engine.startswith("deepspeed") else None,
@@ -268,6 +267,13 @@ def _row(engine: str, model: str, batch: int, seq: int, *, quick: bool) -> dict[
 
 ROWS: list[dict[str, Any]] = [
     *(_row(e, "tiny-llama", 1, 256, quick=True) for e in ENGINES),
+    # ZeroRedundancyOptimizer's ranks differ: the busiest (0) and the last, three shapes
+    *(
+        _row("zero1-zro", m, 1, 256, quick=True, rank=7)
+        for m in ("tiny-llama", "tiny-qwen-tied", "tiny-odd-head")
+    ),
+    *(_row("zero1-zro", m, 1, 256, quick=True) for m in ("tiny-qwen-tied", "tiny-odd-head")),
+    _row("zero1-zro-master", "tiny-llama", 1, 256, quick=True, rank=7),
     _row("megatron-copy", "llama-7b", 1, 512, quick=False),
     _row("zero1-zro", "llama-7b", 1, 512, quick=False),
     _row("zero3-fsdp", "llama-7b", 1, 512, quick=False),
@@ -291,7 +297,12 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
     model = _model_arg(row["model"])
     try:
         result = measure_engine(
-            row["engine"], model, batch=row["batch"], seq=row["seq"], attention=row["attention"]
+            row["engine"],
+            model,
+            batch=row["batch"],
+            seq=row["seq"],
+            attention=row["attention"],
+            rank=row["rank"],
         )
     except Exception as exc:  # a row that cannot run stays visible as failing
         return documents.failed(row, exc)
@@ -302,6 +313,7 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
         seq=row["seq"],
         attention=row["attention"],
         ranks=row["ranks"],
+        rank=row["rank"],
     )
     comp = compare(row["engine"], est, measured_engine(result, row["engine"]))
     return {
@@ -380,12 +392,13 @@ def build_document(
             "the engine, over a fake process group of 8 ranks (init_process_group('fake')); two "
             "iterations (forward with HF's causal-LM loss, backward, step, "
             "zero_grad(set_to_none=True)) under MemTracker (FSDPMemTracker for FSDP2, after one "
-            "untracked warm-up iteration); rank 0's bytes; steady state = last iteration; model "
+            "untracked warm-up iteration); rank 0's bytes (ZeroRedundancyOptimizer's rows also rank "
+            "7's: ranks differ there); steady state = last iteration; model "
             "states summed from the tensors' storages. DeepSpeed rows run on real CPU tensors "
             "(its engine cannot be built under FakeTensorMode) with its CPU accelerator, "
             "LOCAL_RANK=0, in a venv that adds deepspeed to the measure extra. Estimates: "
-            "vrammath.estimate(Setup(..., device='cpu')) of the recipe and ZeRO stage named in "
-            "each row."
+            "vrammath.estimate(Setup(..., device='cpu')) of the recipe, ZeRO stage and engine "
+            "profile (Setup.engine, Setup.rank) named in each row."
         ),
         "targets": {"exact": list(EXACT), "within_1_percent": "every phase peak"},
         "configs": CONFIGS,

@@ -392,12 +392,12 @@ def _decoder_layers(model: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _fake_process_group(world: int) -> Iterator[Any]:
+def _fake_process_group(world: int, rank: int = 0) -> Iterator[Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), world_size=world, rank=0)
+    dist.init_process_group("fake", store=FakeStore(), world_size=world, rank=rank)
     try:
         yield init_device_mesh("cpu", (world,))
     finally:

@@ -98,6 +98,11 @@ P_e = _declare("P_e", r"\Psi_e", "parameters of the routed experts (all MoE laye
 n_ep = _declare(
     "n_ep", "e_p", "expert-parallel size (ranks the routed experts are split over)", "count"
 )
+P_r = _declare(
+    "P_r",
+    r"\Psi_r",
+    "parameters whose optimizer states one rank owns (ZeroRedundancyOptimizer's whole tensors)",
+)
 c_f = _declare(
     "c_f", "c_f", "capacity factor: expert buffer rows over the balanced share b s k / E", "ratio"
 )
@@ -122,7 +127,7 @@ def by_name(name: str) -> sympy.Symbol:
     >>> by_name("zz")
     Traceback (most recent call last):
     ...
-    KeyError: "unknown symbol 'zz'; known: P, V, h, I, L, a, a_kv, d, n_pos, b, s, N_d, t, p, m, n_mb, r, T, w_win, blk, B_w, B_g, B_m, B_o, B_a, B_kv, K, E, k_e, I_e, I_s, L_e, r_q, r_kv, d_n, d_r, d_v, P_e, n_ep, c_f, f_imb"
+    KeyError: "unknown symbol 'zz'; known: P, V, h, I, L, a, a_kv, d, n_pos, b, s, N_d, t, p, m, n_mb, r, T, w_win, blk, B_w, B_g, B_m, B_o, B_a, B_kv, K, E, k_e, I_e, I_s, L_e, r_q, r_kv, d_n, d_r, d_v, P_e, n_ep, P_r, c_f, f_imb"
     """
     for row in _TABLE:
         if row.name == name:
@@ -149,6 +154,7 @@ __all__ = [
     "Notation",
     "P",
     "P_e",
+    "P_r",
     "T",
     "V",
     "a",

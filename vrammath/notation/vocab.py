@@ -47,6 +47,9 @@ Iteration = Literal["steady", "first"]
 Schedule = Literal["1f1b", "interleaved", "dualpipe"]
 #: where the kernels run (CUDA and CPU kernels keep different dropout masks and norm stats)
 Device = Literal["cuda", "cpu"]
+#: The training engine whose per-rank rules apply (``hf``: the single-process Hugging Face loop,
+#: with ``--zero`` as DeepSpeed's flat partition; ``zero1-torch``: ZeroRedundancyOptimizer).
+Engine = Literal["hf", "zero1-torch"]
 #: the dtype the forward pass runs in
 Precision = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
 #: Korthikanti's parallel variants (none, tensor, tensor + sequence)
@@ -73,6 +76,7 @@ ACTIVATION_MODELS: tuple[ActivationModel, ...] = get_args(ActivationModel)
 ITERATIONS: tuple[Iteration, ...] = get_args(Iteration)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 DEVICES: tuple[Device, ...] = get_args(Device)
+ENGINES: tuple[Engine, ...] = get_args(Engine)
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 PARALLELS: tuple[Parallel, ...] = get_args(Parallel)
 QUANTS: tuple[Quant, ...] = get_args(Quant)
@@ -114,6 +118,7 @@ __all__ = [
     "ACTIVATION_POLICY_NAMES",
     "ATTENTIONS",
     "DEVICES",
+    "ENGINES",
     "HF_RECOMPUTES",
     "IMPLEMENTATIONS",
     "ITERATIONS",
@@ -132,6 +137,7 @@ __all__ = [
     "ActivationPolicyName",
     "Attention",
     "Device",
+    "Engine",
     "HfRecompute",
     "Implementation",
     "Iteration",

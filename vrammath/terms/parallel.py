@@ -20,12 +20,18 @@ References
 .. [1] Rajbhandari et al. 2020, "ZeRO", arXiv:1910.02054, section 5 and Table 1.
 .. [2] Ren et al. 2021, "ZeRO-Offload", arXiv:2101.06840.
 .. [3] Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277.
+.. [4] PyTorch ``torch/distributed/optim/zero_redundancy_optimizer.py``,
+   ``ZeroRedundancyOptimizer._partition_parameters`` (torch 2.13).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import sympy
 
+from vrammath.model.params import size_values, tensors
+from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import K, N_d, P
 
@@ -109,12 +115,50 @@ def convention_bytes(
     raise InputError("convention", "must be one of " + ", ".join(CONVENTIONS), got=convention)
 
 
+def tensor_numels(spec: ModelSpec) -> list[int]:
+    """The element count of every parameter tensor of the model, one entry per tensor (a tied
+    embedding once), in :func:`vrammath.model.params.tensors`'s order.
+
+    >>> from vrammath.model.presets import load_model
+    >>> numels = tensor_numels(load_model("llama-7b"))
+    >>> len(numels), max(numels), sum(numels)
+    (291, 131072000, 6738415616)
+    """
+    values = {k: sympy.Integer(v) for k, v in size_values(spec).items()}
+    out: list[int] = []
+    for t in tensors(spec):
+        out += [int(t.numel.xreplace(values))] * int(t.count.xreplace(values))
+    return out
+
+
+def zro_partition(numels: Iterable[int], world: int) -> tuple[int, ...]:
+    """Elements whose optimizer states each rank owns under PyTorch's
+    ``ZeroRedundancyOptimizer`` (one parameter group): whole tensors, largest first, each to the
+    rank with the fewest elements so far, the lowest index on a tie
+    (``_partition_parameters`` and ``_get_min_index``, reference [4]). Every rank keeps every
+    parameter, gradient and master copy; only the inner optimizer's states and its step are
+    split, so a rank holding a large embedding owns more than ``P / N_d``.
+
+    >>> from vrammath.model.presets import load_model
+    >>> zro_partition(tensor_numels(load_model("llama-7b")), 8)[:3]
+    (850395136, 850395136, 837881856)
+    >>> zro_partition([5, 3, 3, 1], 2)
+    (6, 6)
+    """
+    sizes = [0] * world
+    for n in sorted(numels, reverse=True):
+        sizes[sizes.index(min(sizes))] += n
+    return tuple(sizes)
+
+
 __all__ = [
     "CONVENTIONS",
     "FSDP_STRATEGIES",
     "STAGES",
     "convention_bytes",
+    "tensor_numels",
     "zero_communication_elements",
     "zero_paper_bytes",
     "zero_stage",
+    "zro_partition",
 ]

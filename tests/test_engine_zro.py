@@ -1,0 +1,144 @@
+"""``--engine zero1-torch``: PyTorch's ZeroRedundancyOptimizer, per rank.
+
+Measured: the partitions below are what ``ZeroRedundancyOptimizer._partition_parameters``
+returned on 8 fake ranks (``validation/engines.json``, field ``zro_partition_numel``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sympy
+from hypothesis import given
+from hypothesis import strategies as st
+
+import vrammath as vm
+from vrammath.answers.budget import budget
+from vrammath.answers.fit import fewest_gpus
+from vrammath.answers.sweep import sensitivities, sweep
+from vrammath.cli import main
+from vrammath.compose.engines import counted_rank
+from vrammath.measure.build import as_spec
+from vrammath.measure.documents import validation_file
+from vrammath.measure.engine_runs import CONFIGS
+from vrammath.notation.symbols import P_r
+from vrammath.terms.parallel import tensor_numels, zro_partition
+
+ENGINES_DOC = json.loads(validation_file("engines.json").read_text())
+
+
+def _spec(name: str) -> vm.ModelSpec:
+    return as_spec(CONFIGS[name]) if name in CONFIGS else vm.load_model(name)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [r for r in ENGINES_DOC["rows"] if r.get("zro_partition_numel")],
+    ids=lambda r: r["id"],
+)
+def test_partition_is_the_measured_one(row: dict[str, object]) -> None:
+    spec = _spec(str(row["model"]))
+    assert (
+        list(zro_partition(tensor_numels(spec), int(str(row["ranks"]))))
+        == row["zro_partition_numel"]
+    )
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=10**6), min_size=1, max_size=60),
+    st.integers(min_value=1, max_value=16),
+)
+def test_partition_properties(numels: list[int], world: int) -> None:
+    sizes = zro_partition(numels, world)
+    assert len(sizes) == world
+    assert sum(sizes) == sum(numels)
+    # greedy, largest first: no rank exceeds the least loaded one by more than one tensor
+    assert max(sizes) - min(sizes) <= max(numels)
+    assert max(sizes) >= -(-sum(numels) // world)
+
+
+def test_rows_it_splits_and_rows_it_keeps() -> None:
+    spec = vm.load_model("llama-7b")
+    est = vm.estimate(vm.Setup(spec, engine="zero1-torch", gpus=8, seq_len=512))
+    rank, owned = counted_rank(est.setup)
+    assert (rank, owned) == (0, 850395136)
+    parts = {c.key: c for c in est.components}
+    assert parts["optimizer"].expr == 8 * P_r
+    assert parts["optimizer"].bytes == 8 * owned
+    assert parts["step_temporaries"].expr == 4 * P_r
+    psi = vm.param_count(spec)
+    # every rank keeps all weights, gradients and fp32 masters (the parameters it updates)
+    assert parts["weights"].bytes == 2 * psi
+    assert parts["gradients"].bytes == 2 * psi
+    assert parts["master"].bytes == 4 * psi
+
+
+def test_the_last_rank_and_the_shorthand() -> None:
+    spec = vm.load_model("llama-7b")
+    last = vm.Setup(spec, engine="zero1-torch", gpus=8, rank=7)
+    assert last.zero == 1
+    assert counted_rank(last) == (7, 843055104)
+    flat = vm.estimate(vm.Setup(spec, zero=1, gpus=8)).component("optimizer").bytes
+    assert flat == 8 * -(-vm.param_count(spec) // 8)  # --zero 1 alone: the flat partition
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"zero": 2}, "zero"),
+        ({"optimizer": "adafactor"}, "optimizer"),
+        ({"implementation": "for-loop"}, "implementation"),
+        ({"lora_rank": 8}, "lora_rank"),
+        ({"tp": 2}, "tp/pp"),
+        ({"rank": 8}, "rank"),
+    ],
+)
+def test_refused_by_name(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(vm.InputError, match=f"^{field}: "):
+        vm.estimate(vm.Setup(vm.load_model("llama-7b"), engine="zero1-torch", gpus=8, **changes))
+
+
+def test_rank_is_read_only_where_ranks_differ() -> None:
+    with pytest.raises(vm.InputError, match="^rank: is read only"):
+        vm.Setup(vm.load_model("llama-7b"), zero=1, gpus=8, rank=1)
+
+
+def test_fewest_gpus_searches_the_partition() -> None:
+    setup = vm.Setup(vm.load_model("llama-7b"), recipe="fp32", engine="zero1-torch", gpus=8)
+    sol = fewest_gpus(vm.estimate(setup), budget("A100-80GB"))
+    assert sol.value is not None
+    assert sol.method == "search"
+
+    def at(n: int) -> int:
+        return vm.estimate(
+            vm.Setup(setup.model, recipe="fp32", engine="zero1-torch", gpus=n)
+        ).gpu_bytes
+
+    assert at(sol.value) == sol.bytes <= sol.limit < at(sol.value - 1) == sol.neighbour_bytes
+
+
+def test_sweeps_refuse_the_gpu_count() -> None:
+    est = vm.estimate(vm.Setup(vm.load_model("llama-7b"), engine="zero1-torch", gpus=8))
+    assert sympy.Symbol("N_d", positive=True, integer=True) not in {
+        x.knob for x in sensitivities(est)
+    }
+    with pytest.raises(vm.InputError, match="^knobs: N_d cannot vary"):
+        sensitivities(est, ["N_d"])
+    with pytest.raises(vm.InputError, match="^axes: N_d cannot vary"):
+        sweep(est, {"N_d": [2, 4]})
+
+
+def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["estimate", "llama-7b", "--engine", "zero1-torch", "--gpus", "8"]
+    assert main([*args, "--rank", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rank"] == {"index": 3, "of": 8, "busiest": False, "optimizer_params": 837877760}
+    assert main(args) == 0
+    assert "rank 0 of 8 (the busiest)" in capsys.readouterr().out
+    assert main([*args, "--offload-optimizer"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith("vrammath: error: offload_optimizer:")
+    assert main(["estimate", "llama-7b", "--engine", "fsdp9"]) == 2
+    assert "must be one of hf, zero1-torch" in capsys.readouterr().err
