@@ -36,6 +36,7 @@ def test_the_table_is_well_formed() -> None:
     assert {t.key for t in TERMS if t.device == "gpu" and t.group in STATE_GROUPS} == {
         "weights",
         "gradients",
+        "ddp_buckets",  # resident gradient buffers (the gradients, as bucket views)
         "master",
         "optimizer",
         "quant_constants",

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 from vrammath.measure import engines
 from vrammath.measure.build import as_spec
+from vrammath.measure.ddp_runs import measure_ddp
 from vrammath.model.params import param_count
 from vrammath.notation.errors import InputError
 
@@ -89,6 +90,27 @@ def test_zero_redundancy_optimizer_last_rank() -> None:
     assert last < P // N  # the embedding's rank is the busiest; the last holds less
     assert meas["optimizer"] == est["optimizer"] == 8 * last
     assert abs(meas["step_peak"] - est["step_peak"]) < SLACK
+
+
+@pytest.mark.parametrize("engine", ["ddp", "ddp-view"])
+def test_ddp_buckets_resident_from_construction(engine: str) -> None:
+    row = engines.run_row(
+        {
+            "id": engine,
+            "engine": engine,
+            "model": "tiny-llama",
+            "batch": 1,
+            "seq": 256,
+            "attention": "sdpa",
+            "ranks": N,
+            "rank": 0,
+            **engines.ENGINES[engine],
+        }
+    )
+    assert row["pass"], row["components"]
+    start = measure_ddp(engine, as_spec(TINY), batch=1, seq=256, attention="sdpa", ranks=N)
+    # the bf16 weights and the buckets (2 bytes per parameter each) exist before any forward
+    assert 0 <= start["first"]["start"]["Total"] - 4 * P < SLACK
 
 
 def test_fsdp_zero3_mixed_precision_states() -> None:

@@ -89,7 +89,7 @@ def plan_cost(setup: Setup) -> Fraction:
 
 def plan_label(setup: Setup) -> str:
     """``'ZeRO-3 + offload optimizer + recompute full'`` style name of a setup's options."""
-    parts = [f"ZeRO-{setup.zero}" + (" (zero1-torch)" if setup.engine == "zero1-torch" else "")]
+    parts = [f"ZeRO-{setup.zero}" + ("" if setup.engine == "hf" else f" ({setup.engine})")]
     if setup.offload_optimizer:
         parts.append("offload optimizer")
     if setup.offload_params:

@@ -52,6 +52,8 @@ def state(key: str) -> Builder:
     def build(ctx: Context) -> sympy.Expr | None:
         if ctx.lora or (key == "master" and ctx.recipe.master == 0):
             return None
+        if key == "gradients" and ctx.setup.bucket_view:  # views of DDP's buckets
+            return None
         return ctx.model_states[key]
 
     return build

@@ -6,7 +6,9 @@ with ``--zero`` read as DeepSpeed's flat partition (``ceil(P / N_d)`` elements p
 ``zero1-torch`` is PyTorch's ``ZeroRedundancyOptimizer``: every rank keeps every parameter,
 gradient and master copy; only the inner optimizer's states and its step are split, by whole
 tensors (:func:`vrammath.terms.parallel.zro_partition`), so the optimizer rows of a rank hold
-``P_r`` parameters' states -- the rank's own share, which differs between ranks.
+``P_r`` parameters' states -- the rank's own share, which differs between ranks. ``ddp`` is
+PyTorch's ``DistributedDataParallel``: the states of one GPU plus the reducer's gradient buckets
+(:func:`ddp_buckets`), resident from construction on.
 
 Examples
 ========
@@ -24,7 +26,9 @@ from __future__ import annotations
 
 import functools
 
-from vrammath.compose.rows import Group, Term
+import sympy
+
+from vrammath.compose.rows import Context, Group, Term
 from vrammath.compose.setup import Setup
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
@@ -57,8 +61,33 @@ def sharded_stage(setup: Setup, term: Term) -> int:
     return setup.zero
 
 
+def ddp_buckets(ctx: Context) -> sympy.Expr | None:
+    """DDP's gradient buckets: one flat buffer per bucket in the gradients' dtype, ``P``
+    elements in all (``bucket_cap_mb`` splits them, it does not add to them), allocated when
+    the model is wrapped and never freed -- ``zero_grad(set_to_none=True)`` drops the ``.grad``
+    tensors, not the buckets. The backward copies each gradient into its bucket (or, with
+    ``gradient_as_bucket_view``, the gradients *are* views of the buckets and the gradients row
+    is not counted again).
+
+    Source: ``torch/nn/parallel/distributed.py``, ``DistributedDataParallel._ddp_init_helper``
+    (builds ``dist.Reducer``), and ``torch/csrc/distributed/c10d/reducer.cpp``,
+    ``Reducer::initialize_buckets`` (``bucket.gradients = at::empty({offset}, options)``).
+    Measured: ``validation/engines.json``, rows ``ddp*``.
+    """
+    return ctx.model_states["gradients"] if ctx.setup.engine == "ddp" else None
+
+
+def ddp_note(ctx: Context) -> str:
+    """The DDP row's note: whether the gradients are views of the buckets."""
+    if ctx.setup.bucket_view:
+        return "gradient_as_bucket_view: the gradients are views of these buckets"
+    return "resident; the gradients are copied in (gradient_as_bucket_view=False, DDP's default)"
+
+
 def check_engine(setup: Setup) -> None:
     """Refuse what an engine's rules do not describe yet, naming the field."""
+    if setup.engine == "ddp":
+        _check_ddp(setup)
     if setup.engine != "zero1-torch":
         return
     s = setup
@@ -101,4 +130,38 @@ def check_engine(setup: Setup) -> None:
             raise InputError(field, f"with --engine zero1-torch must be {allowed}", got=got)
 
 
-__all__ = ["ZRO_GROUPS", "check_engine", "counted_rank", "sharded_stage"]
+def _check_ddp(s: Setup) -> None:
+    refusals = (
+        (
+            "recipe",
+            s.recipe == "bf16-megatron",
+            s.recipe,
+            "not bf16-megatron (Megatron's own buffer)",
+        ),
+        (
+            "lora_rank",
+            s.lora_rank is not None,
+            s.lora_rank,
+            "unset (adapter buckets are not modelled)",
+        ),
+        ("tp/pp", s.tp > 1 or s.pp > 1, (s.tp, s.pp), "1 (data parallelism only)"),
+        (
+            "model",
+            s.model.experts is not None,
+            s.model.name,
+            "a dense model (experts are not modelled)",
+        ),
+    )
+    for field, refused, got, allowed in refusals:
+        if refused:
+            raise InputError(field, f"with --engine ddp must be {allowed}", got=got)
+
+
+__all__ = [
+    "ZRO_GROUPS",
+    "check_engine",
+    "counted_rank",
+    "ddp_buckets",
+    "ddp_note",
+    "sharded_stage",
+]

@@ -62,13 +62,16 @@ from vrammath.terms.korthikanti.moe import check_capacity
 from vrammath.terms.lora.linears import adapted_linears, default_targets_refusal
 from vrammath.terms.lora.targets import lora_targets
 from vrammath.terms.moe.params import check_ep, check_ep_optimizer
-from vrammath.terms.parallel import FSDP_STRATEGIES, zero_stage
+from vrammath.terms.parallel import FSDP_STRATEGIES, engine_stage, zero_stage
 
 #: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.compose.rows.per_rank`).
 Shard = Literal["flat", "dim0"]
 SHARDS: tuple[Shard, ...] = ("flat", "dim0")
 
 DEFAULT_TARGETS = ("q", "v")
+#: The boolean fields (checked to be booleans: a JSON "false" string is refused)
+SWITCHES: tuple[str, ...] = ("offload_optimizer", "offload_params", "sp", "lora_dropout")
+SWITCHES += ("keep_outputs", "bucket_view")
 
 
 @dataclass(frozen=True)
@@ -193,8 +196,15 @@ class Setup:
         "hf",
         "--engine",
         "whose per-rank rules apply: hf (the Hugging Face loop; --zero as DeepSpeed's flat "
-        "partition) or zero1-torch (PyTorch's ZeroRedundancyOptimizer, ZeRO-1 by whole tensors)",
+        "partition), zero1-torch (PyTorch's ZeroRedundancyOptimizer, ZeRO-1 by whole tensors) "
+        "or ddp (DistributedDataParallel: gradient buckets)",
         choices=ENGINES,
+    )
+    bucket_view: bool = declared(
+        False,
+        "--gradient-as-bucket-view",
+        "DDP's gradient_as_bucket_view: the gradients are views of its buckets (--engine ddp)",
+        kind="switch",
     )
     rank: int | None = declared(
         None,
@@ -279,15 +289,12 @@ class Setup:
         check("optimizer", self.optimizer, OPTIMIZERS)
         check("implementation", self.implementation, IMPLEMENTATIONS)
         object.__setattr__(self, "zero", zero_stage(self.zero))
-        check("engine", self.engine, ENGINES)
-        if self.engine == "zero1-torch" and self.zero in (0, 1):
-            object.__setattr__(self, "zero", 1)  # the engine is ZeRO-1: --zero may say so or not
-        elif self.engine == "zero1-torch":
-            raise InputError("zero", "--engine zero1-torch is ZeRO stage 1", got=self.zero)
-        for name in ("offload_optimizer", "offload_params", "sp", "lora_dropout", "keep_outputs"):
+        for name in SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 raise InputError(name, "must be true or false", getattr(self, name))
         check_bounds(self)
+        check("engine", self.engine, ENGINES)
+        object.__setattr__(self, "zero", engine_stage(self))
         check("attention", self.attention, ATTENTIONS)
         check("recompute", self.recompute, RECOMPUTES)
         check("activation_model", self.activation_model, ACTIVATION_MODELS)
@@ -313,12 +320,6 @@ class Setup:
 
     def _check_read(self) -> None:
         """Refuse a field set where nothing reads it (it would change nothing, silently)."""
-        if self.rank is not None and self.engine != "zero1-torch":
-            raise InputError(
-                "rank", "is read only where ranks differ (--engine zero1-torch)", self.rank
-            )
-        if self.rank is not None and self.rank >= self.gpus:
-            raise InputError("rank", f"must be below --gpus ({self.gpus})", got=self.rank)
         if self.shard != "flat" and self.zero == 0:
             raise InputError(
                 "shard", "is read only where ZeRO/FSDP shards states (--zero 1, 2 or 3)", self.shard

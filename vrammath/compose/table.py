@@ -89,6 +89,7 @@ from vrammath.compose.builders import (
     weights,
     weights_label,
 )
+from vrammath.compose.engines import ddp_buckets, ddp_note
 from vrammath.compose.rows import (
     ShardGroup,
     Term,
@@ -125,6 +126,15 @@ TERMS: tuple[Term, ...] = (
         offload="optimizer",
         note=groups_note,
         shard_group=EDP,
+    ),
+    Term(
+        key="ddp_buckets",
+        label="DDP gradient buckets",
+        device="gpu",
+        builder=ddp_buckets,
+        group="weights",  # resident from construction: with the weights in every phase
+        live="resident",
+        note=ddp_note,
     ),
     Term(
         key="master",

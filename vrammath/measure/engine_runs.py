@@ -39,8 +39,8 @@ from typing import Any
 from vrammath.measure.build import as_spec, build_model, check_choice, real_training_masks
 from vrammath.measure.step import (
     PHASES,
-    _by_category,
     _decoder_layers,
+    _DevicePhases,
     _distinct_bytes,
     _fake_process_group,
     _lean_tracker,
@@ -107,6 +107,15 @@ ENGINES: dict[str, dict[str, Any]] = {
     "zero3-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32"},
     "offload-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32", "offload": True},
     "plain-bf16": {"recipe": "bf16-pure", "zero": 0, "dtype": "bf16"},
+    "ddp": {"recipe": "bf16-pure", "zero": 0, "dtype": "bf16", "profile": "ddp"},
+    "ddp-view": {
+        "recipe": "bf16-pure",
+        "zero": 0,
+        "dtype": "bf16",
+        "profile": "ddp",
+        "bucket_view": True,
+    },
+    "ddp-fp32": {"recipe": "fp32", "zero": 0, "dtype": "fp32", "profile": "ddp"},
     "deepspeed-zero1": {"recipe": "bf16-mixed", "zero": 1, "dtype": "bf16"},
     "deepspeed-zero2": {"recipe": "bf16-mixed", "zero": 2, "dtype": "bf16"},
     "deepspeed-zero3": {"recipe": "bf16-mixed", "zero": 3, "dtype": "bf16"},
@@ -315,7 +324,7 @@ def measure_engine(
     check_choice("engine", engine, list(ENGINES))
     check_choice("loop", loop, LOOPS)
     spec = as_spec(model)
-    if rank and "profile" not in ENGINES[engine]:
+    if rank and ENGINES[engine].get("profile") != "zero1-torch":
         raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):
         return measure_deepspeed(
@@ -387,16 +396,6 @@ def measure_engine(
         "steady": iterations[-1],
         "zro_partition_numel": partition,
     }
-
-
-class _DevicePhases(_Phases):
-    """Phase snapshots of the CPU device only (MemTracker also counts meta tensors)."""
-
-    def _snapshot(self, kind: str) -> dict[str, int]:
-        snap = self.tracker.get_tracker_snapshot(kind)
-        return _by_category(
-            {dev: s for dev, s in snap.items() if getattr(dev, "type", str(dev)) != "meta"}
-        )
 
 
 def measure_deepspeed(

@@ -20,6 +20,7 @@ from typing import Any
 import vrammath as vm
 from vrammath.measure import documents
 from vrammath.measure.build import as_spec
+from vrammath.measure.ddp_runs import DDP_RUNS, measure_ddp
 from vrammath.measure.engine_runs import (
     CONFIGS,
     ENGINES,
@@ -49,7 +50,7 @@ def estimate_engine(
             optimizer="adamw",
             implementation="foreach",
             zero=cfg["zero"],
-            gpus=ranks if cfg["zero"] else 1,
+            gpus=ranks if cfg["zero"] or profile != "hf" else 1,
             micro_batch=batch,
             seq_len=seq,
             attention=attention,
@@ -58,7 +59,8 @@ def estimate_engine(
             offload_params=offload,
             iteration=iteration,
             engine=profile,
-            rank=None if profile == "hf" else rank,
+            rank=rank if profile == "zero1-torch" else None,
+            bucket_view=bool(cfg.get("bucket_view")),
         )
 
     est = vm.estimate(setup("steady"))
@@ -69,7 +71,8 @@ def estimate_engine(
 
     out = {
         "parameters": comp("weights", "master"),
-        "gradients": comp("gradients"),
+        # with gradient_as_bucket_view the gradients are DDP's buckets
+        "gradients": comp("gradients", *(["ddp_buckets"] if cfg.get("bucket_view") else [])),
         "optimizer": comp("optimizer"),
         "forward_peak": est.phases["forward_peak"],
         "backward_peak": est.phases["backward_peak"],
@@ -274,6 +277,9 @@ ROWS: list[dict[str, Any]] = [
     ),
     *(_row("zero1-zro", m, 1, 256, quick=True) for m in ("tiny-qwen-tied", "tiny-odd-head")),
     _row("zero1-zro-master", "tiny-llama", 1, 256, quick=True, rank=7),
+    # DistributedDataParallel on the other two shapes (every rank holds the same bytes)
+    _row("ddp", "tiny-qwen-tied", 1, 256, quick=True),
+    _row("ddp-view", "tiny-odd-head", 1, 256, quick=True),
     _row("megatron-copy", "llama-7b", 1, 512, quick=False),
     _row("zero1-zro", "llama-7b", 1, 512, quick=False),
     _row("zero3-fsdp", "llama-7b", 1, 512, quick=False),
@@ -296,14 +302,24 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     model = _model_arg(row["model"])
     try:
-        result = measure_engine(
-            row["engine"],
-            model,
-            batch=row["batch"],
-            seq=row["seq"],
-            attention=row["attention"],
-            rank=row["rank"],
-        )
+        if row["engine"] in DDP_RUNS:  # real CPU tensors: DDP cannot be built on fake ones
+            result = measure_ddp(
+                row["engine"],
+                as_spec(model),
+                batch=row["batch"],
+                seq=row["seq"],
+                attention=row["attention"],
+                ranks=row["ranks"],
+            )
+        else:
+            result = measure_engine(
+                row["engine"],
+                model,
+                batch=row["batch"],
+                seq=row["seq"],
+                attention=row["attention"],
+                rank=row["rank"],
+            )
     except Exception as exc:  # a row that cannot run stays visible as failing
         return documents.failed(row, exc)
     est = estimate_engine(
@@ -396,7 +412,9 @@ def build_document(
             "7's: ranks differ there); steady state = last iteration; model "
             "states summed from the tensors' storages. DeepSpeed rows run on real CPU tensors "
             "(its engine cannot be built under FakeTensorMode) with its CPU accelerator, "
-            "LOCAL_RANK=0, in a venv that adds deepspeed to the measure extra. Estimates: "
+            "LOCAL_RANK=0, in a venv that adds deepspeed to the measure extra; so do the DDP rows "
+            "(DDP's constructor reads the parameters' data), with PyTorch's noop_hook standing for "
+            "the in-place all-reduce the fake group cannot return. Estimates: "
             "vrammath.estimate(Setup(..., device='cpu')) of the recipe, ZeRO stage and engine "
             "profile (Setup.engine, Setup.rank) named in each row."
         ),

@@ -163,6 +163,16 @@ class _Phases:
         record[name] = {"end": end, "peak": peak, "seconds": round(time.perf_counter() - start, 3)}
 
 
+class _DevicePhases(_Phases):
+    """Phase snapshots of the CPU device only (MemTracker also counts meta tensors)."""
+
+    def _snapshot(self, kind: str) -> dict[str, int]:
+        snap = self.tracker.get_tracker_snapshot(kind)
+        return _by_category(
+            {dev: s for dev, s in snap.items() if getattr(dev, "type", str(dev)) != "meta"}
+        )
+
+
 def _by_category(snap: Mapping[Any, Mapping[Any, Any]]) -> dict[str, int]:
     """Bytes per category (and ``Total``) of a MemTracker snapshot, summed over its devices."""
     out = dict.fromkeys(CATEGORIES, 0)

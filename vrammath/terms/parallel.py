@@ -27,6 +27,7 @@ References
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import sympy
 
@@ -115,6 +116,52 @@ def convention_bytes(
     raise InputError("convention", "must be one of " + ", ".join(CONVENTIONS), got=convention)
 
 
+#: The ZeRO stage an engine implies (``--engine ddp`` is plain data parallelism, stage 0).
+ENGINE_STAGES = {"zero1-torch": 1, "ddp": 0}
+
+
+class EngineFields(Protocol):
+    """The fields of a setup :func:`engine_stage` reads."""
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def zero(self) -> int: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def bucket_view(self) -> bool: ...
+
+
+def engine_stage(fields: EngineFields) -> int:
+    """The ZeRO stage of a setup whose engine fixes one -- ``--zero`` may repeat it or be left
+    at 0 (a shorthand), any other stage is refused by name -- after refusing the engines'
+    fields where the engine does not read them (``rank``, ``bucket_view``).
+
+    >>> from types import SimpleNamespace as Fields
+    >>> engine_stage(Fields(engine="zero1-torch", zero=0, gpus=8, rank=None, bucket_view=False))
+    1
+    >>> engine_stage(Fields(engine="ddp", zero=2, gpus=8, rank=None, bucket_view=False))
+    Traceback (most recent call last):
+    ...
+    vrammath.notation.errors.InputError: zero: --engine ddp is ZeRO stage 0 (got 2)
+    """
+    engine, zero, gpus = fields.engine, fields.zero, fields.gpus
+    rank, bucket_view = fields.rank, fields.bucket_view
+    if rank is not None and engine != "zero1-torch":
+        raise InputError("rank", "is read only where ranks differ (--engine zero1-torch)", rank)
+    if rank is not None and rank >= gpus:
+        raise InputError("rank", f"must be below --gpus ({gpus})", got=rank)
+    if bucket_view and engine != "ddp":
+        raise InputError("bucket_view", "is read only by --engine ddp", got=bucket_view)
+    stage = ENGINE_STAGES.get(engine)
+    if stage is None or zero in (0, stage):
+        return zero if stage is None else stage
+    raise InputError("zero", f"--engine {engine} is ZeRO stage {stage}", got=zero)
+
+
 def tensor_numels(spec: ModelSpec) -> list[int]:
     """The element count of every parameter tensor of the model, one entry per tensor (a tied
     embedding once), in :func:`vrammath.model.params.tensors`'s order.
@@ -153,9 +200,12 @@ def zro_partition(numels: Iterable[int], world: int) -> tuple[int, ...]:
 
 __all__ = [
     "CONVENTIONS",
+    "ENGINE_STAGES",
     "FSDP_STRATEGIES",
     "STAGES",
+    "EngineFields",
     "convention_bytes",
+    "engine_stage",
     "tensor_numels",
     "zero_communication_elements",
     "zero_paper_bytes",

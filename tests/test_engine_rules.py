@@ -1,7 +1,9 @@
-"""``--engine zero1-torch``: PyTorch's ZeroRedundancyOptimizer, per rank.
+"""The engines' own rules: ``--engine zero1-torch`` (PyTorch's ZeroRedundancyOptimizer, per
+rank) and ``--engine ddp`` (DistributedDataParallel's gradient buckets).
 
 Measured: the partitions below are what ``ZeroRedundancyOptimizer._partition_parameters``
-returned on 8 fake ranks (``validation/engines.json``, field ``zro_partition_numel``).
+returned on 8 fake ranks (``validation/engines.json``, field ``zro_partition_numel``); the DDP
+rows of the same file are compared phase by phase in ``tests/measure/test_engines.py``.
 """
 
 from __future__ import annotations
@@ -141,4 +143,39 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.count("\n") == 0
     assert err.startswith("vrammath: error: offload_optimizer:")
     assert main(["estimate", "llama-7b", "--engine", "fsdp9"]) == 2
-    assert "must be one of hf, zero1-torch" in capsys.readouterr().err
+    assert "must be one of hf, zero1-torch, ddp" in capsys.readouterr().err
+
+
+def test_ddp_buckets_are_resident_gradients() -> None:
+    spec = vm.load_model("llama-7b")
+    plain = vm.estimate(vm.Setup(spec, seq_len=1024))
+    ddp = vm.estimate(vm.Setup(spec, engine="ddp", gpus=8, seq_len=1024))
+    view = vm.estimate(vm.Setup(spec, engine="ddp", gpus=8, seq_len=1024, bucket_view=True))
+    grads = 2 * vm.param_count(spec)  # bf16 gradients
+    assert ddp.component("ddp_buckets").bytes == grads
+    # the buckets are there in every phase, also before the first backward
+    assert {k: v - plain.phases[k] for k, v in ddp.phases.items()} == dict.fromkeys(
+        plain.phases, grads
+    )
+    # as bucket views the gradients are the buckets: no gradients row, the same step
+    assert "gradients" not in {c.key for c in view.components}
+    assert view.phases["step_peak"] == plain.phases["step_peak"]
+    assert view.phases["forward_peak"] == ddp.phases["forward_peak"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"zero": 3}, "zero"),
+        ({"recipe": "bf16-megatron"}, "recipe"),
+        ({"lora_rank": 8}, "lora_rank"),
+    ],
+)
+def test_ddp_refusals(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(vm.InputError, match=f"^{field}: "):
+        vm.estimate(vm.Setup(vm.load_model("llama-7b"), engine="ddp", gpus=8, **changes))
+
+
+def test_bucket_view_needs_ddp() -> None:
+    with pytest.raises(vm.InputError, match="^bucket_view: is read only by --engine ddp"):
+        vm.Setup(vm.load_model("llama-7b"), bucket_view=True)
