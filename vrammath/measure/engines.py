@@ -178,39 +178,48 @@ EXPLAIN: dict[tuple[str, str], str] = {
 }
 
 
+# DeepSpeed 0.19.8, read in its source and traced storage by storage on these rows; no
+# --engine deepspeed models it yet (the follow-up of issue 24)
 _DS_BUCKET = (
-    "+1e9 bytes: DeepSpeed's gradient bucket, reduce_bucket_size (default 5e8 elements) in bf16"
+    "+1e9 bytes: DeepSpeed's IPG bucket, reduce_bucket_size (default 5e8 elements) x 2 bytes"
 )
 _DS_GRADS = (
-    "DeepSpeed's stages 1 and 2 share one code path (runtime/zero/stage_1_and_2.py): after the "
-    "backward rank 0 keeps the bf16 gradients of the parameters that overlap its partition "
-    "(here the whole embedding, 524,288 elements, more than P/N), not 2P (ZeRO-1) or 2P/N"
+    "DeepSpeed's stages 1 and 2 share one code path (runtime/zero/stage_1_and_2.py): rank r "
+    "keeps the whole bf16 gradient of every parameter whose range in the flat buffer overlaps "
+    "its partition (get_partition_info; grads_in_partition with contiguous_gradients) -- rank "
+    "0 the whole embedding, 524,288 elements, more than P/N -- not 2P (ZeRO-1) or 2P/N"
+)
+_DS_IPG_12 = (
+    ", allocated at each backward's first gradient hook (setup_buckets; stage 1 too, as "
+    "contiguous_gradients registers the hooks) and released at its end (_release_ipg_buffers)"
+)
+_DS_NORM = (
+    "the step's peak is the gradient norm (get_grad_norm_direct): each gradient slice of the "
+    "partition cast to fp64 (up to 8 bytes x P/N) beside the kept whole-tensor gradients"
+)
+_DS_STAGE3 = (
+    ", allocated when the engine is built (DeepSpeedZeroOptimizer_Stage3.__init__, "
+    "runtime/zero/stage3.py) and never freed; besides it the parameters at or below "
+    "stage3_param_persistence_threshold stay gathered, and in the steady state the prefetcher "
+    "keeps every other parameter gathered from its forward to its backward"
 )
 EXPLAIN.update(
     {
         ("deepspeed-zero1", "gradients"): _DS_GRADS,
         ("deepspeed-zero2", "gradients"): _DS_GRADS,
-        ("deepspeed-zero1", "backward_peak"): _DS_BUCKET
-        + ", allocated in the first backward (stage_1_and_2.py, ipg_buffer) and kept",
-        ("deepspeed-zero2", "backward_peak"): _DS_BUCKET
-        + ", allocated in the first backward (stage_1_and_2.py, ipg_buffer) and kept",
-        ("deepspeed-zero1", "step_peak"): (
-            "the step holds fp32 gradients of rank 0's partition only (4P/N) and no full-size "
-            "gradients: vrammath's ZeRO-1 keeps 2P of bf16 gradients through the step"
-        ),
-        ("deepspeed-zero2", "step_peak"): (
-            "the step converts the partition's gradients to fp32 (4P/N, on "
-            "single_partition_of_fp32_groups) beside the bf16 ones; vrammath counts 2P/N"
-        ),
+        ("deepspeed-zero1", "backward_peak"): _DS_BUCKET + _DS_IPG_12,
+        ("deepspeed-zero2", "backward_peak"): _DS_BUCKET + _DS_IPG_12,
+        ("deepspeed-zero1", "step_peak"): _DS_NORM
+        + "; vrammath's ZeRO-1 keeps 2P of bf16 gradients through the step",
+        ("deepspeed-zero2", "step_peak"): _DS_NORM + "; vrammath counts 2P/N of gradients",
         ("deepspeed-zero3", "gradients"): (
-            "DeepSpeed's stage 3 reduces gradients into a flat buffer of reduce_bucket_size "
-            "elements allocated at initialize (stage3.py), so the backward allocates nothing "
-            "that outlives it"
+            "DeepSpeed's stage 3 reduces the gradients into its partitions' flat buffer "
+            "(grad_partitions_flat_buffer, 2P/N), allocated when the engine is built "
+            "(runtime/zero/stage3.py), so the backward allocates nothing that outlives it"
         ),
-        ("deepspeed-zero3", "forward_peak"): _DS_BUCKET
-        + ", allocated at initialize (stage3.py) and live throughout",
-        ("deepspeed-zero3", "backward_peak"): _DS_BUCKET + ", live throughout",
-        ("deepspeed-zero3", "step_peak"): _DS_BUCKET + ", live throughout",
+        ("deepspeed-zero3", "forward_peak"): _DS_BUCKET + _DS_STAGE3,
+        ("deepspeed-zero3", "backward_peak"): _DS_BUCKET + _DS_STAGE3,
+        ("deepspeed-zero3", "step_peak"): _DS_BUCKET + _DS_STAGE3,
     }
 )
 
