@@ -84,77 +84,36 @@ def ddp_note(ctx: Context) -> str:
     return "resident; the gradients are copied in (gradient_as_bucket_view=False, DDP's default)"
 
 
+#: A refusal: the field, whether the setup trips it, the value it has, what the engine needs.
+Refusal = tuple[str, bool, object, str]
+
+
 def check_engine(setup: Setup) -> None:
     """Refuse what an engine's rules do not describe yet, naming the field."""
-    if setup.engine == "ddp":
-        _check_ddp(setup)
-    if setup.engine != "zero1-torch":
-        return
     s = setup
-    refusals = (
-        (
-            "optimizer",
-            s.optimizer in ("adam8bit", "adafactor"),
-            s.optimizer,
-            "adamw, adam, sgd or sgd-momentum (states shaped by the tensors it gets are not modelled)",
-        ),
-        (
-            "implementation",
-            s.implementation == "for-loop" and s.optimizer in ("adamw", "adam"),
-            s.implementation,
-            "foreach or fused (a for-loop step's temporaries follow the rank's largest tensor)",
-        ),
-        (
-            "offload_optimizer",
-            s.offload_optimizer,
-            True,
-            "false (ZeroRedundancyOptimizer does not offload)",
-        ),
-        (
-            "lora_rank",
-            s.lora_rank is not None,
-            s.lora_rank,
-            "unset (the adapters' partition is not modelled)",
-        ),
+    if s.engine == "hf":
+        return
+    refusals: tuple[Refusal, ...] = (
+        ("lora_rank", s.lora_rank is not None, s.lora_rank, "unset (adapters are not modelled)"),
         ("tp/pp", s.tp > 1 or s.pp > 1, (s.tp, s.pp), "1 (data parallelism only)"),
-        (
-            "model",
-            s.model.experts is not None,
-            s.model.name,
-            "a dense model (experts are not modelled)",
-        ),
-        ("shard", s.shard != "flat", s.shard, "flat (the engine assigns whole tensors)"),
+        ("model", s.model.experts is not None, s.model.name, "a dense model (no experts)"),
     )
+    if s.engine == "ddp":
+        refusals += (
+            ("recipe", s.recipe == "bf16-megatron", s.recipe, "not bf16-megatron (own buffer)"),
+        )
+    else:  # zero1-torch: its step runs the inner optimizer on whole tensors
+        refusals += (
+            ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
+             "adamw, adam, sgd or sgd-momentum (states shaped by the tensors it gets)"),
+            ("implementation", s.implementation == "for-loop" and s.optimizer in ("adamw", "adam"),
+             s.implementation, "foreach or fused (a for-loop step follows the largest tensor)"),
+            ("offload_optimizer", s.offload_optimizer, True, "false (it does not offload)"),
+            ("shard", s.shard != "flat", s.shard, "flat (the engine assigns whole tensors)"),
+        )  # fmt: skip
     for field, refused, got, allowed in refusals:
         if refused:
-            raise InputError(field, f"with --engine zero1-torch must be {allowed}", got=got)
-
-
-def _check_ddp(s: Setup) -> None:
-    refusals = (
-        (
-            "recipe",
-            s.recipe == "bf16-megatron",
-            s.recipe,
-            "not bf16-megatron (Megatron's own buffer)",
-        ),
-        (
-            "lora_rank",
-            s.lora_rank is not None,
-            s.lora_rank,
-            "unset (adapter buckets are not modelled)",
-        ),
-        ("tp/pp", s.tp > 1 or s.pp > 1, (s.tp, s.pp), "1 (data parallelism only)"),
-        (
-            "model",
-            s.model.experts is not None,
-            s.model.name,
-            "a dense model (experts are not modelled)",
-        ),
-    )
-    for field, refused, got, allowed in refusals:
-        if refused:
-            raise InputError(field, f"with --engine ddp must be {allowed}", got=got)
+            raise InputError(field, f"with --engine {s.engine} must be {allowed}", got=got)
 
 
 __all__ = [

@@ -310,36 +310,15 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
     """Measure one engine row and compare it with vrammath."""
     started = time.perf_counter()
     model = _model_arg(row["model"])
+    shape = {"batch": row["batch"], "seq": row["seq"], "attention": row["attention"]}
     try:
         if row["engine"] in DDP_RUNS:  # real CPU tensors: DDP cannot be built on fake ones
-            result = measure_ddp(
-                row["engine"],
-                as_spec(model),
-                batch=row["batch"],
-                seq=row["seq"],
-                attention=row["attention"],
-                ranks=row["ranks"],
-            )
+            result = measure_ddp(row["engine"], as_spec(model), ranks=row["ranks"], **shape)
         else:
-            result = measure_engine(
-                row["engine"],
-                model,
-                batch=row["batch"],
-                seq=row["seq"],
-                attention=row["attention"],
-                rank=row["rank"],
-            )
+            result = measure_engine(row["engine"], model, rank=row["rank"], **shape)
     except Exception as exc:  # a row that cannot run stays visible as failing
         return documents.failed(row, exc)
-    est = estimate_engine(
-        row["engine"],
-        model,
-        batch=row["batch"],
-        seq=row["seq"],
-        attention=row["attention"],
-        ranks=row["ranks"],
-        rank=row["rank"],
-    )
+    est = estimate_engine(row["engine"], model, ranks=row["ranks"], rank=row["rank"], **shape)
     comp = compare(row["engine"], est, measured_engine(result, row["engine"]))
     return {
         **documents.scored(row, comp),
