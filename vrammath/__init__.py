@@ -33,7 +33,13 @@ from vrammath.answers.moe_layouts import (
     layout_memory,
 )
 from vrammath.answers.plan import Plan, cheapest_fit, recompute_cost
-from vrammath.answers.report import estimate_dict, estimate_table, serve_dict, serve_table
+from vrammath.answers.report import (
+    engine_line,
+    estimate_dict,
+    estimate_table,
+    serve_dict,
+    serve_table,
+)
 from vrammath.answers.sweep import sensitivities, sweep
 from vrammath.compose.estimate import Component, Estimate, estimate
 from vrammath.compose.setup import Setup
@@ -172,6 +178,7 @@ __all__ = [
     "convention_bytes",
     "deepseek_v3_training_memory",
     "dtype_bytes",
+    "engine_line",
     "ep_state_bytes",
     "ep_state_exprs",
     "estimate",

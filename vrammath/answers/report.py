@@ -66,6 +66,7 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     }
     if setup.model.experts is not None:
         out["moe"] = moe_dict(est)
+    out["engine"] = engine_line(est)
     if setup.engine == "zero1-torch":
         index, owned = counted_rank(setup)
         out["rank"] = {
@@ -77,17 +78,36 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     return out
 
 
-def rank_line(est: Estimate) -> str | None:
-    """Which rank an estimate counts, where ranks differ (``--engine zero1-torch``)."""
+def engine_line(est: Estimate) -> str | None:
+    """What the setup's engine means, where it shards or adds tensors: ``--zero`` and
+    ``--shard`` are shorthands of the plain loop, ``--engine`` names an engine's own rules;
+    under ``zero1-torch`` also which rank is counted.
+
+    >>> from vrammath.compose.estimate import estimate
+    >>> from vrammath.compose.setup import Setup
+    >>> from vrammath.model.presets import load_model
+    >>> print(engine_line(estimate(Setup(load_model("gpt2"), zero=2, gpus=4, seq_len=1024))))
+    engine: the plain loop, ZeRO-2 as a flat partition (ceil(P/N) per rank: DeepSpeed's layout, not its buffers)
+    """
     setup = est.setup
-    if setup.engine != "zero1-torch":
+    if setup.engine == "zero1-torch":
+        index, owned = counted_rank(setup)
+        which = "the busiest" if setup.rank is None else "--rank"
+        return (
+            f"engine: ZeroRedundancyOptimizer; rank {index} of {setup.gpus} ({which}) owns the "
+            f"optimizer states of {owned:,} of {param_count(setup.model):,} parameters "
+            "(whole tensors)"
+        )
+    if setup.engine == "ddp":
+        view = ", the gradients are views of them" if setup.bucket_view else ""
+        return f"engine: DistributedDataParallel; its gradient buckets are counted{view}"
+    if setup.zero == 0:
         return None
-    index, owned = counted_rank(setup)
-    which = "the busiest" if setup.rank is None else "--rank"
-    return (
-        f"rank {index} of {setup.gpus} ({which}): owns the optimizer states of {owned:,} of "
-        f"{param_count(setup.model):,} parameters (ZeroRedundancyOptimizer's whole tensors)"
-    )
+    if setup.shard == "dim0":
+        layout = "FSDP2's dim-0 shards (ceil(dim0/N) rows per rank; not FSDP2's buffers)"
+    else:
+        layout = "a flat partition (ceil(P/N) per rank: DeepSpeed's layout, not its buffers)"
+    return f"engine: the plain loop, ZeRO-{setup.zero} as {layout}"
 
 
 def moe_dict(est: Estimate) -> dict[str, object]:
@@ -148,9 +168,9 @@ def estimate_table(est: Estimate) -> str:
             f"{spec.name} ({fmt_gb(spec.bytes)} / {fmt_gib(spec.bytes)}): {verdict}, "
             f"{room} {fmt_gb(abs(free))} / {fmt_gib(abs(free))}"
         )
-    rank = rank_line(est)
-    if rank is not None:
-        lines.append(rank)
+    engine = engine_line(est)
+    if engine is not None:
+        lines.append(engine)
     if est.unestimated:
         lines.append("not estimated: " + ", ".join(est.unestimated) + " (totals exclude them)")
     lines.append(
@@ -244,4 +264,4 @@ def serve_table(est: ServeEstimate) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["estimate_dict", "estimate_table", "rank_line", "serve_dict", "serve_table"]
+__all__ = ["engine_line", "estimate_dict", "estimate_table", "serve_dict", "serve_table"]
