@@ -17,7 +17,12 @@ from typing import Any
 
 from vrammath.measure.build import build_model, real_training_masks
 from vrammath.measure.engine_runs import _optimizer_state_tensors, _storage_bytes
-from vrammath.measure.step import _DevicePhases, _fake_process_group, _mem_tracker
+from vrammath.measure.step import (
+    _DevicePhases,
+    _fake_process_group,
+    _forward_backward,
+    _mem_tracker,
+)
 
 #: The DDP rows: engine name -> the model's dtype and ``gradient_as_bucket_view``.
 DDP_RUNS: dict[str, dict[str, Any]] = {
@@ -25,6 +30,10 @@ DDP_RUNS: dict[str, dict[str, Any]] = {
     "ddp-view": {"dtype": "bf16", "bucket_view": True},
     "ddp-fp32": {"dtype": "fp32", "bucket_view": False},
 }
+
+
+def _backward(loss: Any) -> None:
+    loss.backward()
 
 
 def measure_ddp(
@@ -49,14 +58,10 @@ def measure_ddp(
             ddp.register_comm_hook(None, noop_hook)
             opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
             tracker.track_external(opt)
-            for _ in range(steps):
-                tracker.reset_mod_stats()
-                record: dict[str, Any] = {"start": phases._snapshot("current")}
-                with phases.phase(record, "forward", "Activation"):
-                    loss = ddp(input_ids=ids, labels=ids).loss
-                with phases.phase(record, "backward", "Temp"):
-                    loss.backward()
-                    del loss
+            passes = _forward_backward(
+                tracker, phases, steps, lambda: ddp(input_ids=ids, labels=ids).loss, _backward
+            )
+            for record in passes:
                 opt_t = _optimizer_state_tensors(opt)
                 states = {
                     "parameters": _storage_bytes(params),

@@ -43,6 +43,7 @@ from vrammath.measure.step import (
     _DevicePhases,
     _distinct_bytes,
     _fake_process_group,
+    _forward_backward,
     _lean_tracker,
     _mem_tracker,
     _Phases,
@@ -93,32 +94,26 @@ CONFIGS: dict[str, Any] = {
     "tiny-odd-head": TINY_ODD_HEAD,
 }
 
+
+def _engine(recipe: str, zero: int, dtype: str, **extra: Any) -> dict[str, Any]:
+    return {"recipe": recipe, "zero": zero, "dtype": dtype, **extra}
+
+
 ENGINES: dict[str, dict[str, Any]] = {
-    "megatron-copy": {"recipe": "bf16-mixed", "zero": 0, "dtype": "bf16"},
-    "megatron-main-grad": {"recipe": "bf16-megatron", "zero": 0, "dtype": "bf16"},
-    "zero1-zro": {"recipe": "fp32", "zero": 1, "dtype": "fp32", "profile": "zero1-torch"},
-    "zero1-zro-master": {
-        "recipe": "bf16-mixed",
-        "zero": 1,
-        "dtype": "bf16",
-        "profile": "zero1-torch",
-    },
-    "zero2-fsdp": {"recipe": "bf16-mixed", "zero": 2, "dtype": "fp32"},
-    "zero3-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32"},
-    "offload-fsdp": {"recipe": "bf16-mixed", "zero": 3, "dtype": "fp32", "offload": True},
-    "plain-bf16": {"recipe": "bf16-pure", "zero": 0, "dtype": "bf16"},
-    "ddp": {"recipe": "bf16-pure", "zero": 0, "dtype": "bf16", "profile": "ddp"},
-    "ddp-view": {
-        "recipe": "bf16-pure",
-        "zero": 0,
-        "dtype": "bf16",
-        "profile": "ddp",
-        "bucket_view": True,
-    },
-    "ddp-fp32": {"recipe": "fp32", "zero": 0, "dtype": "fp32", "profile": "ddp"},
-    "deepspeed-zero1": {"recipe": "bf16-mixed", "zero": 1, "dtype": "bf16"},
-    "deepspeed-zero2": {"recipe": "bf16-mixed", "zero": 2, "dtype": "bf16"},
-    "deepspeed-zero3": {"recipe": "bf16-mixed", "zero": 3, "dtype": "bf16"},
+    "megatron-copy": _engine("bf16-mixed", 0, "bf16"),
+    "megatron-main-grad": _engine("bf16-megatron", 0, "bf16"),
+    "zero1-zro": _engine("fp32", 1, "fp32", profile="zero1-torch"),
+    "zero1-zro-master": _engine("bf16-mixed", 1, "bf16", profile="zero1-torch"),
+    "zero2-fsdp": _engine("bf16-mixed", 2, "fp32"),
+    "zero3-fsdp": _engine("bf16-mixed", 3, "fp32"),
+    "offload-fsdp": _engine("bf16-mixed", 3, "fp32", offload=True),
+    "plain-bf16": _engine("bf16-pure", 0, "bf16"),
+    "ddp": _engine("bf16-pure", 0, "bf16", profile="ddp"),
+    "ddp-view": _engine("bf16-pure", 0, "bf16", profile="ddp", bucket_view=True),
+    "ddp-fp32": _engine("fp32", 0, "fp32", profile="ddp"),
+    "deepspeed-zero1": _engine("bf16-mixed", 1, "bf16"),
+    "deepspeed-zero2": _engine("bf16-mixed", 2, "bf16"),
+    "deepspeed-zero3": _engine("bf16-mixed", 3, "bf16"),
 }
 """Engine -> the vrammath recipe/ZeRO stage it is compared with, the dtype it builds in and,
 where it is not ``hf``, the ``Setup.engine`` whose per-rank rules apply (``profile``)."""
@@ -464,14 +459,14 @@ def measure_deepspeed(
                 *getattr(opt, "fp16_partitioned_groups_flat", []),
                 *getattr(opt, "fp32_partitioned_groups_flat", []),
             ]
-            for _ in range(steps):
-                tracker.reset_mod_stats()
-                record: dict[str, Any] = {"start": phases._snapshot("current")}
-                with phases.phase(record, "forward", "Activation"):
-                    loss = engine(input_ids=ids, labels=ids).loss
-                with phases.phase(record, "backward", "Temp"):
-                    engine.backward(loss)
-                    del loss
+            passes = _forward_backward(
+                tracker,
+                phases,
+                steps,
+                lambda: engine(input_ids=ids, labels=ids).loss,
+                engine.backward,
+            )
+            for record in passes:
                 opt_t = _optimizer_state_tensors(opt.optimizer)
                 record["states"] = {
                     "parameters": _storage_bytes(flat),

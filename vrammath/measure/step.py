@@ -173,6 +173,26 @@ class _DevicePhases(_Phases):
         )
 
 
+def _forward_backward(
+    tracker: Any,
+    phases: _Phases,
+    steps: int,
+    forward: Callable[[], Any],
+    backward: Callable[[Any], None],
+) -> Iterator[dict[str, Any]]:
+    """Each iteration's record after its forward (``forward()`` returns the loss) and backward
+    phases, the tracker's module statistics reset first; the caller adds its step."""
+    for _ in range(steps):
+        tracker.reset_mod_stats()
+        record: dict[str, Any] = {"start": phases._snapshot("current")}
+        with phases.phase(record, "forward", "Activation"):
+            loss = forward()
+        with phases.phase(record, "backward", "Temp"):
+            backward(loss)
+            del loss
+        yield record
+
+
 def _by_category(snap: Mapping[Any, Mapping[Any, Any]]) -> dict[str, int]:
     """Bytes per category (and ``Total``) of a MemTracker snapshot, summed over its devices."""
     out = dict.fromkeys(CATEGORIES, 0)
