@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import vrammath as vm
 from vrammath.answers.budget import budget
 from vrammath.answers.fit import fewest_gpus
+from vrammath.answers.plan import candidates
 from vrammath.answers.sweep import sensitivities, sweep
 from vrammath.cli import main
 from vrammath.compose.engines import counted_rank
@@ -179,3 +180,9 @@ def test_ddp_refusals(changes: dict[str, object], field: str) -> None:
 def test_bucket_view_needs_ddp() -> None:
     with pytest.raises(vm.InputError, match="^bucket_view: is read only by --engine ddp"):
         vm.Setup(vm.load_model("llama-7b"), bucket_view=True)
+
+
+def test_plans_keep_the_engine_stage_once() -> None:
+    tried = candidates(vm.Setup(vm.load_model("llama-7b"), engine="zero1-torch", gpus=8))
+    assert {c.zero for c in tried} == {1}
+    assert len(tried) == len({(c.recompute, c.offload_optimizer) for c in tried})

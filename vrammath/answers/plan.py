@@ -237,7 +237,8 @@ def candidates(
                     check_modelled(variant)  # e.g. full recomputation on the Korthikanti MoE path
                 except InputError:
                     continue
-                out.append(variant)
+                if variant not in out:  # an engine that fixes the stage makes --zero 0 its own
+                    out.append(variant)
     return sorted(out, key=lambda c: (plan_cost(c), c.zero, c.offload_optimizer, c.offload_params))
 
 
