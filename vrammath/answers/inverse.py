@@ -277,6 +277,57 @@ def _solution(
 _ADJUST = 3  # steps a closed-form candidate may move to absorb per-component rounding
 
 
+def _solve(prob: _Problem, limit: int, question: str | None, *, grows: bool) -> Solution:
+    """The last ``k`` that fits when memory grows with it (:func:`largest`), else the first
+    (:func:`smallest`); the neighbour checked is one step further, towards not fitting.
+
+    One walk serves both: ``inside(k)`` is the side of the boundary that holds ``k = 1`` (fits
+    for a largest answer, does not for a smallest), and ``d`` the step towards not fitting.
+    """
+    d = 1 if grows else -1
+    name = question or f"{'largest' if grows else 'smallest'} {prob.symbol}"
+    far: Status = "unbounded" if grows else "none-fits"  # no boundary before the cap
+
+    def fits(k: int) -> bool:
+        return prob.at(k) <= limit
+
+    def inside(k: int) -> bool:
+        return fits(k) == grows
+
+    def answer(status: Status, k: int | None, method: Method) -> Solution:
+        ok = status == "ok" and k is not None and k + d >= 1
+        neighbour = k + d if ok and k is not None else None
+        return _solution(name, prob.symbol, prob, limit, status, k, method, neighbour)
+
+    constant = prob.k not in prob.expr.free_symbols
+    if not inside(1):  # nothing fits at all (largest), or the first value already does
+        if grows:
+            return answer("none-fits", None, "search")
+        return answer("ok", 1, "constant" if constant else "search")
+    if constant:
+        return answer(far, None, "constant")
+    roots = prob.boundary_roots(limit, largest=grows)
+    if roots:
+        rounded = sympy.floor(roots[-1]) if grows else sympy.ceiling(roots[-1])
+        k = max(1, int(rounded))
+        for _ in range(_ADJUST):
+            if k - d >= 1 and not fits(k):
+                k -= d
+            elif k + d >= 1 and fits(k + d):
+                k += d
+        if fits(k) and (k + d < 1 or not fits(k + d)):
+            return answer("ok", k, "closed-form")
+    lo, hi = 1, 2  # inside(lo); find hi outside
+    while inside(hi):
+        lo, hi = hi, hi * 2
+        if hi > SEARCH_CAP:
+            return answer(far, None, "search")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if inside(mid) else (lo, mid)
+    return answer("ok", lo if grows else hi, "search")
+
+
 def _problem(
     expr: sympy.Expr | Sequence[sympy.Expr],
     values: Mapping[sympy.Symbol | str, int],
@@ -315,36 +366,7 @@ def largest(
     >>> sol.value, sol.method, sol.verified
     (13346, 'closed-form', True)
     """
-    prob = _problem(expr, values, unknown, limit, multiple_of)
-    unknown = prob.symbol
-    name = question or f"largest {unknown}"
-
-    def fits(k: int) -> bool:
-        return prob.at(k) <= limit
-
-    if not fits(1):
-        return _solution(name, unknown, prob, limit, "none-fits", None, "search", None)
-    if prob.k not in prob.expr.free_symbols:
-        return _solution(name, unknown, prob, limit, "unbounded", None, "constant", None)
-    roots = prob.boundary_roots(limit)
-    if roots:
-        k = max(1, int(sympy.floor(roots[-1])))
-        for _ in range(_ADJUST):
-            if k > 1 and not fits(k):
-                k -= 1
-            elif fits(k + 1):
-                k += 1
-        if fits(k) and not fits(k + 1):
-            return _solution(name, unknown, prob, limit, "ok", k, "closed-form", k + 1)
-    lo, hi = 1, 2  # fits(lo); find hi with not fits(hi)
-    while fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > SEARCH_CAP:
-            return _solution(name, unknown, prob, limit, "unbounded", None, "search", None)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return _solution(name, unknown, prob, limit, "ok", lo, "search", lo + 1)
+    return _solve(_problem(expr, values, unknown, limit, multiple_of), limit, question, grows=True)
 
 
 def smallest(
@@ -366,39 +388,7 @@ def smallest(
     >>> sol.value, sol.neighbour, sol.method
     (4, 3, 'closed-form')
     """
-    prob = _problem(expr, values, unknown, limit, multiple_of)
-    unknown = prob.symbol
-    name = question or f"smallest {unknown}"
-
-    def fits(k: int) -> bool:
-        return prob.at(k) <= limit
-
-    def done(k: int, method: Method) -> Solution:
-        return _solution(name, unknown, prob, limit, "ok", k, method, None if k == 1 else k - 1)
-
-    if fits(1):
-        return done(1, "constant" if prob.k not in prob.expr.free_symbols else "search")
-    if prob.k not in prob.expr.free_symbols:
-        return _solution(name, unknown, prob, limit, "none-fits", None, "constant", None)
-    roots = prob.boundary_roots(limit, largest=False)
-    if roots:
-        k = max(1, int(sympy.ceiling(roots[-1])))
-        for _ in range(_ADJUST):
-            if not fits(k):
-                k += 1
-            elif k > 1 and fits(k - 1):
-                k -= 1
-        if fits(k) and (k == 1 or not fits(k - 1)):
-            return done(k, "closed-form")
-    lo, hi = 1, 2  # not fits(lo); find hi with fits(hi)
-    while not fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > SEARCH_CAP:
-            return _solution(name, unknown, prob, limit, "none-fits", None, "search", None)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return done(hi, "search")
+    return _solve(_problem(expr, values, unknown, limit, multiple_of), limit, question, grows=False)
 
 
 __all__ = [
