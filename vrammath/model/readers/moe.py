@@ -9,6 +9,7 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from vrammath.model.readers.keys import (
@@ -72,14 +73,19 @@ def _mixtral(k: Keys) -> Parts:
     return _mistral(k)
 
 
-def _mixtral_extra(k: Keys) -> Extra:
-    count, top_k = _routing(k, "num_local_experts")
+def _top_k_experts(
+    k: Keys, count_key: str, intermediate_key: str, moe_layers: Callable[[int], tuple[int, ...]]
+) -> Experts:
+    """The routed experts of a top-k block (Mixtral's, Qwen's): count, top-k and width from the
+    config's keys, the MoE layers from ``moe_layers(num_hidden_layers)``."""
+    count, top_k = _routing(k, count_key)
     layers = k.size("num_hidden_layers")
-    experts = Experts(
-        count,
-        top_k,
-        k.size("intermediate_size"),
-        tuple(range(layers)),
+    return Experts(count, top_k, k.size(intermediate_key), moe_layers(layers))
+
+
+def _mixtral_extra(k: Keys) -> Extra:
+    experts = replace(
+        _top_k_experts(k, "num_local_experts", "intermediate_size", lambda n: tuple(range(n))),
         norm_topk=True,
         routing_weight_bytes=4,
         expert_names=("w1", "w3", "w2"),
@@ -102,13 +108,8 @@ def _sparse_layers(k: Keys, layers: int) -> tuple[int, ...]:
 
 
 def _qwen_moe_extra(k: Keys, *, shared: bool) -> Extra:
-    count, top_k = _routing(k, "num_experts")
-    layers = k.size("num_hidden_layers")
-    experts = Experts(
-        count,
-        top_k,
-        k.size("moe_intermediate_size"),
-        _sparse_layers(k, layers),
+    experts = replace(
+        _top_k_experts(k, "num_experts", "moe_intermediate_size", lambda n: _sparse_layers(k, n)),
         shared_intermediate=k.size("shared_expert_intermediate_size", 5632) if shared else 0,
         shared_gate=shared,
         norm_topk=k.flag("norm_topk_prob", False),
