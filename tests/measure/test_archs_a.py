@@ -173,14 +173,14 @@ def test_lora_targets_match_peft(name: str, targets: str) -> None:
 def test_kv_cache_matches_dynamic_cache(name: str) -> None:
     """transformers' DynamicCache after a 37-token prefill: 2 L a_kv d tokens bytes."""
     from vrammath.measure.build import hf_config
-    from vrammath.measure.build_decoders import decoder_class
+    from vrammath.measure.build_decoders import causal_lm_class
     from vrammath.serve.kv_cache import kv_bytes_per_token
 
     spec = from_hf_config(SMALL[name])
     cfg = hf_config(spec, attention="sdpa")
     cfg.use_cache = True
     torch.manual_seed(0)
-    model = decoder_class(spec)._from_config(cfg, dtype=torch.bfloat16).eval()
+    model = causal_lm_class(spec)._from_config(cfg, dtype=torch.bfloat16).eval()
     ids = torch.randint(0, spec.vocab, (2, 37))
     with torch.no_grad():
         cache = model(input_ids=ids, use_cache=True).past_key_values

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from vrammath.measure.build_decoders import MODEL_TYPES as DECODER_TYPES
 from vrammath.measure.build_decoders import (
     base_fields,
-    decoder_class,
+    causal_lm_class,
     decoder_config,
     decoder_fields,
 )
 from vrammath.measure.build_moe import MODEL_TYPES as MOE_TYPES
-from vrammath.measure.build_moe import moe_class, moe_config
+from vrammath.measure.build_moe import moe_config
 from vrammath.model.presets import load_model
 from vrammath.model.readers import from_hf_config
 from vrammath.model.spec import ModelSpec
@@ -178,24 +178,8 @@ def build_model(
 
     Call it inside ``FakeTensorMode`` to allocate nothing, or under a ``torch.device`` context.
     """
-    import transformers
-
     cfg = hf_config(spec, attention=attention, layers=layers, gelu=gelu)
-    if spec.model_type in DECODER_TYPES:
-        cls = decoder_class(spec)
-    elif spec.model_type in MOE_TYPES:
-        cls = moe_class(spec)
-    else:
-        cls = {
-            "gpt2": transformers.GPT2LMHeadModel,
-            "qwen2": transformers.Qwen2ForCausalLM,
-            "mistral": transformers.MistralForCausalLM,
-            "gemma": transformers.GemmaForCausalLM,
-            "gemma2": transformers.Gemma2ForCausalLM,
-            "gemma3_text": transformers.Gemma3ForCausalLM,
-            "gpt_neox": transformers.GPTNeoXForCausalLM,
-        }.get(spec.model_type, transformers.LlamaForCausalLM)
-    model = cls._from_config(cfg, dtype=param_dtype(precision))
+    model = causal_lm_class(spec)._from_config(cfg, dtype=param_dtype(precision))
     model.train()
     return model
 

@@ -72,14 +72,26 @@ def transformers_class(name: str) -> Any:
 
 
 CLASS_NAMES = {
+    "gpt2": "GPT2LMHeadModel",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
-"""The causal-LM class of each of :data:`MODEL_TYPES`."""
+"""The causal-LM class of each model type the harness builds; the other readers' types are
+Llama-shaped and build as ``LlamaForCausalLM``."""
 
 
-def decoder_class(spec: ModelSpec) -> Any:
-    """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
-    return transformers_class(CLASS_NAMES[spec.model_type])
+def causal_lm_class(spec: ModelSpec) -> Any:
+    """The transformers causal-LM class of ``spec``'s model type."""
+    return transformers_class(CLASS_NAMES.get(spec.model_type, "LlamaForCausalLM"))

@@ -15,7 +15,6 @@ from vrammath.measure.build_decoders import (
     NO_TOKEN_IDS,
     base_fields,
     decoder_fields,
-    transformers_class,
 )
 from vrammath.model.spec import ModelSpec
 
@@ -89,18 +88,4 @@ def _deepseek_config(spec: ModelSpec, layers: int) -> Any:
     )
 
 
-CLASS_NAMES = {
-    "mixtral": "MixtralForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-}
-"""The causal-LM class of each of :data:`MODEL_TYPES`."""
-
-
-def moe_class(spec: ModelSpec) -> Any:
-    """The causal-LM class of ``spec``'s model type (one of :data:`MODEL_TYPES`)."""
-    return transformers_class(CLASS_NAMES[spec.model_type])
-
-
-__all__ = ["MODEL_TYPES", "moe_class", "moe_config"]
+__all__ = ["MODEL_TYPES", "moe_config"]
