@@ -37,6 +37,7 @@ from vrammath.terms.activations.parts import (
     _precision,
     _total,
     _unit_offset_norm_kept,
+    after,
 )
 
 
@@ -297,24 +298,16 @@ def window_reached() -> sympy.Expr:
     return sympy.Piecewise((1, s >= w_win), (0, True))
 
 
-def hf_layer_bytes(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    *,
-    gelu: str | None = None,
-    device: Literal["cuda", "cpu"] = "cuda",
-    sliding: bool = False,
-) -> sympy.Expr:
-    """Bytes one decoder layer keeps for backward: the sum of :func:`hf_layer_terms`.
+@after(hf_layer_terms)
+def hf_layer_bytes(terms: dict[str, sympy.Expr]) -> sympy.Expr:
+    """Bytes one decoder layer keeps for backward: the sum of :func:`hf_layer_terms`, which
+    takes the same arguments.
 
     >>> from vrammath.model.presets import load_model
     >>> hf_layer_bytes(load_model("llama-7b"), "sdpa", "bf16")
     8*I*b*s + 4*a*b*d*s + 4*a*b*s + 4*a_kv*b*d*s + 16*b*h*s + 8*b*s
     """
-    return _total(
-        hf_layer_terms(spec, attention, precision, gelu=gelu, device=device, sliding=sliding)
-    )
+    return _total(terms)
 
 
 __all__ = ["hf_layer_bytes", "hf_layer_terms", "qk_norm_bytes", "window_reached"]

@@ -45,6 +45,7 @@ from vrammath.terms.activations.parts import (
     _residual_bytes,
     _total,
     _unit_offset_norm_kept,
+    after,
 )
 from vrammath.terms.moe.params import moe_mlp_kept_exprs
 
@@ -244,16 +245,10 @@ def _moe_layers_bytes(
     return (L - L_e) * dense + L_e * moe_layer
 
 
-def hf_activation_bytes(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    recompute: HfRecompute = "none",
-    *,
-    gelu: str | None = None,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> sympy.Expr:
-    """Total bytes kept for backward at the end of forward (sum of :func:`hf_activation_terms`).
+@after(hf_activation_terms)
+def hf_activation_bytes(terms: dict[str, sympy.Expr]) -> sympy.Expr:
+    """Total bytes kept for backward at the end of forward: the sum of
+    :func:`hf_activation_terms`, which takes the same arguments.
 
     >>> from vrammath.model.presets import load_model
     >>> from vrammath.model.params import size_values
@@ -263,29 +258,19 @@ def hf_activation_bytes(
     >>> round(e.subs({**size_values(spec), b: 1, s: 4096}) / 2**30, 2)
     23.38
     """
-    return _total(
-        hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
-    )
+    return _total(terms)
 
 
-def activation_exprs(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    recompute: HfRecompute = "none",
-    *,
-    gelu: str | None = None,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr]:
-    """Named components for an estimate: ``activations`` (layers + rest) and ``logits_loss``.
+@after(hf_activation_terms)
+def activation_exprs(terms: dict[str, sympy.Expr]) -> dict[str, sympy.Expr]:
+    """Named components for an estimate: ``activations`` (layers + rest) and ``logits_loss``, of
+    :func:`hf_activation_terms`, which takes the same arguments.
 
     >>> from vrammath.model.presets import load_model
     >>> sorted(activation_exprs(load_model("gpt2")))
     ['activations', 'logits_loss']
     """
-    return activation_components(
-        hf_activation_terms(spec, attention, precision, recompute, gelu=gelu, device=device)
-    )
+    return activation_components(terms)
 
 
 def activation_components(terms: Mapping[str, sympy.Expr]) -> dict[str, sympy.Expr]:

@@ -4,6 +4,9 @@ The precisions, attention implementations, parallelisms and schedules the formul
 :mod:`vrammath.terms.activations.model`, :mod:`vrammath.terms.korthikanti.dense`, :mod:`vrammath.terms.activations.layer`,
 :mod:`vrammath.terms.activations.gpt` and :mod:`vrammath.terms.activations.peaks` accept, the bytes per element of the
 compute dtype, the residual stream and a dropout mask, and the bytes one norm keeps for backward.
+Formulas that take the same options share one signature: :class:`LayerOptions` names a layer's,
+and :func:`after` gives a function the parameters of another (a ``*_bytes`` those of its
+``*_terms``).
 
 Examples
 ========
@@ -16,8 +19,12 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal, TypeAlias
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Literal, ParamSpec, TypeAlias, TypeVar
 
 import sympy
 
@@ -31,6 +38,7 @@ Schedule = Literal["1f1b", "interleaved"]
 Attention = Literal["eager", "sdpa"]
 Precision = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
 HfRecompute = Literal["none", "full"]
+Device = Literal["cuda", "cpu"]
 
 PARALLEL: tuple[str, ...] = ("none", "tp", "tp_sp")
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
@@ -40,6 +48,46 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "autocast-bf16", "autocas
 HF_RECOMPUTE: tuple[str, ...] = ("none", "full")
 
 Number: TypeAlias = int | sympy.Expr
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def after(first: Callable[_P, _T]) -> Callable[[Callable[[_T], _R]], Callable[_P, _R]]:
+    """Make the decorated function read ``first``'s result, called with ``first``'s parameters.
+
+    ``@after(first)`` over ``def body(x)`` gives ``body(first(*args, **kwargs))``: functions that
+    take the same options write them once, a ``*_bytes`` as the sum of its ``*_terms``, formulas
+    of one layer over :class:`LayerOptions`. The result keeps ``body``'s name, docstring and
+    return annotation and shows ``first``'s parameters to :func:`inspect.signature` (so to the
+    API pages); the type checker sees them through the ParamSpec.
+
+    >>> @after(lambda x, y=1: x + y)
+    ... def doubled(total: int) -> int:
+    ...     return 2 * total
+    >>> doubled(2), doubled(2, y=3)
+    (6, 10)
+    """
+
+    def derive(body: Callable[[_T], _R]) -> Callable[_P, _R]:
+        @functools.wraps(body)
+        def derived(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            return body(first(*args, **kwargs))
+
+        # the signature as first's source spells it; the annotations evaluated (where first's
+        # and body's modules define the names), as typing.get_type_hints and autodoc read them
+        returns = inspect.signature(body).return_annotation
+        signature = inspect.signature(first).replace(return_annotation=returns)
+        vars(derived)["__signature__"] = signature  # the attribute inspect reads; not in typeshed
+        hints = typing.get_type_hints(first)
+        derived.__annotations__ = {
+            **{name: hints[name] for name in signature.parameters if name in hints},
+            "return": typing.get_type_hints(body)["return"],
+        }
+        return derived
+
+    return derive
 
 
 def _check(field: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -95,6 +143,25 @@ def _residual_bytes(precision: str) -> int:
 
 
 DEVICES: tuple[str, ...] = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """What a decoder layer's formulas read: the model, transformers' attention implementation,
+    the precision and (keyword-only) the device whose kernels run."""
+
+    spec: ModelSpec
+    attention: Attention = "sdpa"
+    precision: Precision = "bf16"
+    _: KW_ONLY
+    device: Device = "cuda"
+
+
+@dataclass(frozen=True)
+class EagerLayerOptions(LayerOptions):
+    """:class:`LayerOptions` with eager attention by default, the one the op-by-op peaks derive."""
+
+    attention: Attention = "eager"
 
 
 def _dropout_mask_bytes(c: int, device: str) -> int:
@@ -160,10 +227,14 @@ __all__ = [
     "SCHEDULES",
     "SDPA_GQA_MAX_HEAD_DIM",
     "Attention",
+    "Device",
+    "EagerLayerOptions",
     "HfRecompute",
+    "LayerOptions",
     "Number",
     "Parallel",
     "Precision",
     "Recompute",
     "Schedule",
+    "after",
 ]

@@ -32,6 +32,7 @@ from vrammath.terms.activations.parts import (
     _number,
     _total,
     _tp_divisors,
+    after,
 )
 
 
@@ -124,15 +125,10 @@ def korthikanti_layer_terms(
     }
 
 
-def korthikanti_layer_bytes(
-    parallel: Parallel = "none",
-    recompute: Recompute = "none",
-    *,
-    activation_bytes: Number = 2,
-    dropout_mask_bytes: Number = 1,
-    ffn_multiple: Number = 4,
-) -> sympy.Expr:
-    """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022).
+@after(korthikanti_layer_terms)
+def korthikanti_layer_bytes(terms: dict[str, sympy.Expr]) -> sympy.Expr:
+    """Bytes of activations one transformer layer keeps for backward (Korthikanti et al. 2022):
+    the sum of :func:`korthikanti_layer_terms`, which takes the same arguments.
 
     Explanation
     ===========
@@ -173,13 +169,6 @@ def korthikanti_layer_bytes(
 
     .. [1] V. Korthikanti et al., arXiv:2205.05198 (2022), Table 2.
     """
-    terms = korthikanti_layer_terms(
-        parallel,
-        recompute,
-        activation_bytes=activation_bytes,
-        dropout_mask_bytes=dropout_mask_bytes,
-        ffn_multiple=ffn_multiple,
-    )
     return _total(terms)
 
 
