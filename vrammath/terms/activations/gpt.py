@@ -14,8 +14,6 @@ Examples
 
 from __future__ import annotations
 
-from typing import Literal
-
 import sympy
 
 from vrammath.model.spec import ModelSpec
@@ -24,13 +22,16 @@ from vrammath.terms.activations.parts import (
     ATTENTIONS,
     DEVICES,
     Attention,
+    Device,
+    LayerOptions,
     Precision,
     _check,
     _dropout_mask_bytes,
     _eager_softmax_kept,
     _math_kernel_dropout_kept,
     _norm_kept,
-    _precision,
+    _pure_precision,
+    after,
 )
 
 GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 7}
@@ -50,7 +51,7 @@ def gpt2_layer_terms(
     precision: Precision = "bf16",
     *,
     gelu: str | None = None,
-    device: Literal["cuda", "cpu"] = "cuda",
+    device: Device = "cuda",
 ) -> dict[str, sympy.Expr]:
     """Bytes one ``GPT2Block`` of transformers keeps for backward, per tensor group.
 
@@ -112,11 +113,10 @@ def gpt2_layer_terms(
     vrammath.terms.activations.layer.hf_layer_terms, vrammath.terms.korthikanti.dense.korthikanti_layer_terms
     """
     _check("attention", attention, ATTENTIONS)
-    _check("precision", precision, ("fp32", "bf16", "fp16"))
+    c = _pure_precision(precision)
     gelu = spec.mlp.activation if gelu is None else gelu
     _check("gelu", gelu, tuple(GELU_KEPT))
     _check("device", device, DEVICES)
-    c, _ = _precision(precision)
     M = _dropout_mask_bytes(c, device)
     sb = s * b
     qkv = 3 * c * sb * h
@@ -141,13 +141,8 @@ def gpt2_layer_terms(
     }
 
 
-def neox_layer_terms(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    *,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr]:
+@after(LayerOptions)
+def neox_layer_terms(layer: LayerOptions) -> dict[str, sympy.Expr]:
     """Bytes one ``GPTNeoXLayer`` of transformers keeps for backward, per tensor group.
 
     Explanation
@@ -186,10 +181,10 @@ def neox_layer_terms(
 
     .. [1] transformers ``models/gpt_neox/modeling_gpt_neox.py`` (v5).
     """
+    spec, attention, precision, device = layer.spec, layer.attention, layer.precision, layer.device
     _check("attention", attention, ATTENTIONS)
-    _check("precision", precision, ("fp32", "bf16", "fp16"))
+    c = _pure_precision(precision)
     _check("device", device, DEVICES)
-    c, _ = _precision(precision)
     sb = s * b
     norm = _norm_kept(spec, precision, device)
     stats = norm - c * sb * h

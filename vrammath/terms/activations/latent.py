@@ -81,8 +81,6 @@ References
 
 from __future__ import annotations
 
-from typing import Literal
-
 import sympy
 
 from vrammath.model.spec import ModelSpec
@@ -93,9 +91,10 @@ from vrammath.terms.activations.parts import (
     ATTENTIONS,
     DEVICES,
     SDPA_GQA_MAX_HEAD_DIM,
-    Attention,
+    LayerOptions,
     Precision,
     _check,
+    after,
 )
 
 #: Rows the memory-efficient kernel pads its log-sum-exp to (PyTorch's ``kAlignLSE``).
@@ -115,13 +114,8 @@ def _latent(spec: ModelSpec, precision: str) -> None:
         )
 
 
-def mla_attention_terms(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    *,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr]:
+@after(LayerOptions)
+def mla_attention_terms(layer: LayerOptions) -> dict[str, sympy.Expr]:
     """Bytes one latent-attention block keeps for backward, by tensor group (bf16).
 
     The groups are the module's Explanation: ``q_latent``, ``kv_latent`` (the low-rank paths and
@@ -155,6 +149,7 @@ def mla_attention_terms(
 
     mla_layer_terms, vrammath.terms.activations.layer.hf_layer_terms, vrammath.serve.kv_cache.kv_cache_bytes
     """
+    spec, attention, precision, device = layer.spec, layer.attention, layer.precision, layer.device
     _check("attention", attention, ATTENTIONS)
     _check("device", device, DEVICES)
     _latent(spec, precision)
@@ -191,13 +186,8 @@ def mla_attention_terms(
     return {k: sympy.expand(v) for k, v in terms.items()}
 
 
-def mla_layer_terms(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    *,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr]:
+@after(LayerOptions)
+def mla_layer_terms(layer: LayerOptions) -> dict[str, sympy.Expr]:
     """Bytes one DeepSeek-V3 decoder layer with a dense MLP keeps: LLaMA's layer with its
     attention groups replaced by :func:`mla_attention_terms`.
 
@@ -209,6 +199,7 @@ def mla_layer_terms(
     >>> sorted(mla_layer_terms(load_model("deepseek-v3")))
     ['inputs', 'kv_latent', 'mlp', 'norms', 'output', 'q_latent', 'qkv', 'scores']
     """
+    spec, attention, precision, device = layer.spec, layer.attention, layer.precision, layer.device
     attn = mla_attention_terms(spec, attention, precision, device=device)
     dense = hf_layer_terms(spec, attention, precision, device=device)
     kept = {k: dense[k] for k in ("norms", "inputs", "mlp")}

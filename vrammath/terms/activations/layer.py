@@ -15,8 +15,6 @@ Examples
 
 from __future__ import annotations
 
-from typing import Literal
-
 import sympy
 
 from vrammath.model.spec import ModelSpec
@@ -26,9 +24,9 @@ from vrammath.terms.activations.gpt import GELU_KEPT, gpt2_layer_terms, neox_lay
 from vrammath.terms.activations.parts import (
     ATTENTIONS,
     DEVICES,
+    PURE_PRECISIONS,
     SDPA_GQA_MAX_HEAD_DIM,
-    Attention,
-    Precision,
+    HfLayerOptions,
     _check,
     _dropout_mask_bytes,
     _eager_softmax_kept,
@@ -41,15 +39,8 @@ from vrammath.terms.activations.parts import (
 )
 
 
-def hf_layer_terms(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    *,
-    gelu: str | None = None,
-    device: Literal["cuda", "cpu"] = "cuda",
-    sliding: bool = False,
-) -> dict[str, sympy.Expr]:
+@after(HfLayerOptions)
+def hf_layer_terms(layer: HfLayerOptions) -> dict[str, sympy.Expr]:
     """Bytes one decoder layer of transformers' implementation keeps for backward, per tensor group.
 
     Explanation
@@ -132,10 +123,11 @@ def hf_layer_terms(
     .. [1] transformers ``models/llama/modeling_llama.py`` (v5), PyTorch
        ``tools/autograd/derivatives.yaml`` (what each op saves).
     """
+    spec, attention, precision, device = layer.spec, layer.attention, layer.precision, layer.device
     if spec.attention.fused_qkv and not spec.embeddings.learned_positions:
         return neox_layer_terms(spec, attention, precision, device=device)
     if spec.conv1d:  # GPT-2's block (Conv1D c_attn, dropout everywhere)
-        return gpt2_layer_terms(spec, attention, precision, gelu=gelu, device=device)
+        return gpt2_layer_terms(spec, attention, precision, gelu=layer.gelu, device=device)
     _check("attention", attention, ATTENTIONS)
     _check("device", device, DEVICES)
     c, autocast = _precision(precision)
@@ -149,7 +141,7 @@ def hf_layer_terms(
         )
     offset = spec.norms.unit_offset
     if offset and autocast:
-        raise one_of("precision", precision, ("fp32", "bf16", "fp16"))
+        raise one_of("precision", precision, PURE_PRECISIONS)
     sb = s * b
     n_norms = 4 if spec.norms.placement == "sandwich" else 2
     norms = n_norms * (_unit_offset_norm_kept() if offset else _norm_kept(spec, precision, device))
@@ -159,7 +151,7 @@ def hf_layer_terms(
     mlp_linears = 2 if spec.mlp.gated else 1  # the linears reading the MLP's input
     inputs = 3 * 2 * sb * h + mlp_linears * 2 * sb * h if autocast else 2 * c * sb * h
     kv_heads = a_kv if attention == "sdpa" and spec.head_dim <= SDPA_GQA_MAX_HEAD_DIM else a
-    masked = sliding and attention == "sdpa"
+    masked = layer.sliding and attention == "sdpa"
     k_heads = v_heads = kv_heads
     if masked and kv_heads == a_kv:
         repeated = a_kv + window_reached() * (a - a_kv)

@@ -20,7 +20,6 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import sympy
 
@@ -36,7 +35,7 @@ from vrammath.terms.activations.layer import (
 from vrammath.terms.activations.parts import (
     HF_RECOMPUTE,
     Attention,
-    HfRecompute,
+    ModelOptions,
     Precision,
     _check,
     _dropout_mask_bytes,
@@ -60,19 +59,14 @@ def _window_layer_count(spec: ModelSpec) -> sympy.Expr:
     return L if n == spec.layers else sympy.Integer(n)
 
 
-def _stacked_layers(
-    spec: ModelSpec,
-    attention: Attention,
-    precision: Precision,
-    gelu: str | None,
-    device: Literal["cuda", "cpu"],
-) -> sympy.Expr:
+def _stacked_layers(run: ModelOptions) -> sympy.Expr:
     """All L layers without recomputation: global layers plus sliding-window layers."""
-    full = hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device)
-    n = _window_layer_count(spec)
+    layer = (run.spec, run.attention, run.precision)
+    full = hf_layer_bytes(*layer, gelu=run.gelu, device=run.device)
+    n = _window_layer_count(run.spec)
     if n == 0:
         return L * full
-    sliding = hf_layer_bytes(spec, attention, precision, gelu=gelu, device=device, sliding=True)
+    sliding = hf_layer_bytes(*layer, gelu=run.gelu, device=run.device, sliding=True)
     return (L - n) * full + n * sliding
 
 
@@ -139,15 +133,8 @@ def hf_logits_loss_bytes(spec: ModelSpec, precision: Precision = "bf16") -> symp
     return sympy.expand(hf_logits_loss_terms(spec, precision)["kept"])
 
 
-def hf_activation_terms(
-    spec: ModelSpec,
-    attention: Attention = "sdpa",
-    precision: Precision = "bf16",
-    recompute: HfRecompute = "none",
-    *,
-    gelu: str | None = None,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr]:
+@after(ModelOptions)
+def hf_activation_terms(run: ModelOptions) -> dict[str, sympy.Expr]:
     """Every tensor group the whole model keeps for backward at the end of forward.
 
     Explanation
@@ -172,19 +159,20 @@ def hf_activation_terms(
     >>> sorted(hf_activation_terms(load_model("llama-7b")))
     ['final_norm', 'head_input', 'head_weight_cast', 'layers', 'logits_loss', 'rope']
     """
-    _check("recompute", recompute, HF_RECOMPUTE)
+    spec, attention, precision, device = run.spec, run.attention, run.precision, run.device
+    _check("recompute", run.recompute, HF_RECOMPUTE)
     c, autocast = _precision(precision)
     res = _residual_bytes(precision)
     sb = s * b
-    if recompute == "full":
+    if run.recompute == "full":
         layers = L * res * sb * h
         layers += _checkpoint_masks(spec, attention, res)  # the checkpoints also hold the masks
         if not spec.embeddings.learned_positions:  # ... and RoPE's (1, s) int64 position ids
             layers += 8 * s
     elif spec.experts is not None:
-        layers = _moe_layers_bytes(spec, attention, precision, device)
+        layers = _moe_layers_bytes(run)
     else:
-        layers = _stacked_layers(spec, attention, precision, gelu, device)
+        layers = _stacked_layers(run)
     terms: dict[str, sympy.Expr] = {"layers": layers}
     learned = spec.embeddings.learned_positions
     if not learned:
@@ -220,27 +208,23 @@ def hf_activation_terms(
 norms) or DeepSeek-V3's latent attention (:mod:`vrammath.terms.activations.latent`), MoE MLP measured."""
 
 
-def _moe_layers_bytes(
-    spec: ModelSpec, attention: Attention, precision: Precision, device: Literal["cuda", "cpu"]
-) -> sympy.Expr:
+def _moe_layers_bytes(run: ModelOptions) -> sympy.Expr:
     """``L - L_e`` dense layers plus ``L_e`` layers whose SwiGLU term is the MoE block's
     (:func:`vrammath.terms.moe.params.moe_mlp_kept_exprs`; the block's output is freed by the residual add).
     Latent attention's layer is :func:`vrammath.terms.activations.latent.mla_layer_terms`."""
 
-    if precision != "bf16":
+    if run.precision != "bf16":
         raise InputError(
             "precision",
             "MoE activations are derived and measured in bf16 only (the grouped matmul takes "
             "bf16 inputs)",
-            got=precision,
+            got=run.precision,
         )
     # Qwen3-MoE's q/k norms are Qwen3's (qk_norm_bytes, in the layer terms' "qk_norms")
-    if spec.latent is not None:
-        terms = mla_layer_terms(spec, attention, precision, device=device)
-    else:
-        terms = hf_layer_terms(spec, attention, precision, device=device)
+    layer_terms = mla_layer_terms if run.spec.latent is not None else hf_layer_terms
+    terms = layer_terms(run.spec, run.attention, run.precision, device=run.device)
     dense = sum(terms.values(), sympy.Integer(0))
-    moe = moe_mlp_kept_exprs(spec)
+    moe = moe_mlp_kept_exprs(run.spec)
     moe_layer = dense - terms["mlp"] + moe["router"] + moe["experts"] + moe["shared"]
     return (L - L_e) * dense + L_e * moe_layer
 

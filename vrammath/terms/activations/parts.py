@@ -45,6 +45,7 @@ RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved")
 ATTENTIONS: tuple[str, ...] = ("eager", "sdpa")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16")
+PURE_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 HF_RECOMPUTE: tuple[str, ...] = ("none", "full")
 
 Number: TypeAlias = int | sympy.Expr
@@ -136,6 +137,13 @@ def _precision(precision: str) -> tuple[int, bool]:
     return 2, precision.startswith("autocast")
 
 
+def _pure_precision(precision: str) -> int:
+    """Compute bytes of a precision with no autocast, the only ones derived for some layers
+    (GPT-2's and GPT-NeoX's blocks); autocast is refused."""
+    _check("precision", precision, PURE_PRECISIONS)
+    return _precision(precision)[0]
+
+
 def _residual_bytes(precision: str) -> int:
     """Bytes per element of the residual stream: the parameters' dtype (fp32 under autocast)."""
     compute, autocast = _precision(precision)
@@ -146,13 +154,22 @@ DEVICES: tuple[str, ...] = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
-class LayerOptions:
-    """What a decoder layer's formulas read: the model, transformers' attention implementation,
-    the precision and (keyword-only) the device whose kernels run."""
+class Run:
+    """The model and how transformers runs it: the attention implementation and the precision.
+
+    The bases of the options records (:class:`LayerOptions`, :class:`GeluOptions`), each the
+    signature of the formulas that read it through :func:`after`."""
 
     spec: ModelSpec
     attention: Attention = "sdpa"
     precision: Precision = "bf16"
+
+
+@dataclass(frozen=True)
+class LayerOptions(Run):
+    """What a decoder layer's formulas read: a :class:`Run` and (keyword-only) the device whose
+    kernels run."""
+
     _: KW_ONLY
     device: Device = "cuda"
 
@@ -162,6 +179,31 @@ class EagerLayerOptions(LayerOptions):
     """:class:`LayerOptions` with eager attention by default, the one the op-by-op peaks derive."""
 
     attention: Attention = "eager"
+
+
+@dataclass(frozen=True)
+class GeluOptions(Run):
+    """A :class:`Run` with (keyword-only) the GeLU variant GPT-2 runs (None: the spec's) and the
+    device, as the formulas that pass them on to GPT-2's block take them."""
+
+    _: KW_ONLY
+    gelu: str | None = None
+    device: Device = "cuda"
+
+
+@dataclass(frozen=True)
+class HfLayerOptions(GeluOptions):
+    """:class:`GeluOptions` and (keyword-only) whether the layer has a sliding window."""
+
+    _: KW_ONLY
+    sliding: bool = False
+
+
+@dataclass(frozen=True)
+class ModelOptions(GeluOptions):
+    """:class:`GeluOptions` and the recomputation, after the precision: the whole model's."""
+
+    recompute: HfRecompute = "none"
 
 
 def _dropout_mask_bytes(c: int, device: str) -> int:
@@ -223,18 +265,23 @@ __all__ = [
     "HF_RECOMPUTE",
     "PARALLEL",
     "PRECISIONS",
+    "PURE_PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
     "SDPA_GQA_MAX_HEAD_DIM",
     "Attention",
     "Device",
     "EagerLayerOptions",
+    "GeluOptions",
+    "HfLayerOptions",
     "HfRecompute",
     "LayerOptions",
+    "ModelOptions",
     "Number",
     "Parallel",
     "Precision",
     "Recompute",
+    "Run",
     "Schedule",
     "after",
 ]

@@ -15,7 +15,6 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import sympy
 
@@ -24,22 +23,19 @@ from vrammath.notation.symbols import I, a, a_kv, b, d, h, s
 from vrammath.terms.activations.gpt import GELU_KEPT
 from vrammath.terms.activations.layer import hf_layer_terms
 from vrammath.terms.activations.parts import (
-    Attention,
+    EagerLayerOptions,
+    LayerOptions,
     Precision,
     _dropout_mask_bytes,
     _norm_kept,
     _precision,
     _residual_bytes,
+    after,
 )
 
 
-def hf_checkpointed_forward_bytes(
-    spec: ModelSpec,
-    attention: Attention = "eager",
-    precision: Precision = "bf16",
-    *,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> sympy.Expr | None:
+@after(EagerLayerOptions)
+def hf_checkpointed_forward_bytes(layer: EagerLayerOptions) -> sympy.Expr | None:
     """Bytes a checkpointed decoder layer holds at its forward peak, above what was alive when
     it started (non-reentrant checkpointing, eager attention, LLaMA-style layers).
 
@@ -74,6 +70,7 @@ def hf_checkpointed_forward_bytes(
     >>> hf_checkpointed_forward_bytes(load_model("gpt2"), "eager", "fp32", device="cpu")
     12*a*b*s**2 + 20*b*h*s + 4*h*s
     """
+    spec, attention, precision, device = layer.spec, layer.attention, layer.precision, layer.device
     if attention != "eager":
         return None
     c, autocast = _precision(precision)
@@ -100,13 +97,8 @@ def hf_checkpointed_forward_bytes(
     return sympy.expand(norm_out + qkv + repeated + casts + per_score * a * s**2 * b)
 
 
-def hf_last_layer_forward_bytes(
-    spec: ModelSpec,
-    attention: Attention = "eager",
-    precision: Precision = "bf16",
-    *,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr] | None:
+@after(EagerLayerOptions)
+def hf_last_layer_forward_bytes(layer: EagerLayerOptions) -> dict[str, sympy.Expr] | None:
     """The last decoder layer at its softmax without recomputation: what it has not kept yet
     (``later``) and what is alive only then (``live``), for eager attention, LLaMA-style layers,
     pure precision.
@@ -133,13 +125,13 @@ def hf_last_layer_forward_bytes(
     >>> sorted(hf_last_layer_forward_bytes(load_model("llama-7b"), "eager", "bf16"))
     ['later', 'live']
     """
-    if attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
+    spec, device = layer.spec, layer.device
+    if layer.attention != "eager" or spec.norms.kind != "rmsnorm" or not spec.mlp.gated:
         return None
-    c, autocast = _precision(precision)
-    if autocast:
+    if (pure := _pure_layer_terms(layer)) is None:
         return None
+    c, terms = pure
     sb = s * b
-    terms = hf_layer_terms(spec, attention, precision, device=device)
     later = _after_attention(terms, c) + terms["scores"]
     repeated = spec.attention.kv_heads < spec.attention.heads
     originals = 2 * c * sb * a_kv * d if repeated else 0
@@ -147,6 +139,15 @@ def hf_last_layer_forward_bytes(
     scores = (10 if device == "cpu" and c == 2 else 8) * a * s**2 * b
     live = c * b * s**2 + 8 * s + own + originals + scores
     return {"later": sympy.expand(later), "live": sympy.expand(live)}
+
+
+def _pure_layer_terms(layer: LayerOptions) -> tuple[int, dict[str, sympy.Expr]] | None:
+    """(compute bytes, :func:`~vrammath.terms.activations.layer.hf_layer_terms`) of a layer in
+    pure precision; None under autocast, whose op-by-op walks are not derived."""
+    c, autocast = _precision(layer.precision)
+    if autocast:
+        return None
+    return c, hf_layer_terms(layer.spec, layer.attention, layer.precision, device=layer.device)
 
 
 def _after_attention(terms: Mapping[str, sympy.Expr], c: int) -> sympy.Expr:
@@ -226,13 +227,8 @@ def hf_math_attention_forward_bytes(
     return {"later": sympy.expand(later), "live": sympy.expand(live)}
 
 
-def hf_top_layer_backward_bytes(
-    spec: ModelSpec,
-    attention: Attention = "eager",
-    precision: Precision = "bf16",
-    *,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr] | None:
+@after(EagerLayerOptions)
+def hf_top_layer_backward_bytes(layer: EagerLayerOptions) -> dict[str, sympy.Expr] | None:
     """The top decoder layer at its softmax backward without recomputation: what its backward
     has freed by then (``freed``) and the gradients in flight (``in_flight``), for eager
     attention, LLaMA-style layers, pure precision.
@@ -256,15 +252,15 @@ def hf_top_layer_backward_bytes(
     >>> sorted(hf_top_layer_backward_bytes(load_model("llama-7b"), "eager", "bf16"))
     ['freed', 'in_flight']
     """
-    if attention != "eager" or spec.attention.fused_qkv:  # GPT-2 and GPT-NeoX blocks
+    spec = layer.spec
+    if layer.attention != "eager" or spec.attention.fused_qkv:  # GPT-2 and GPT-NeoX blocks
         return None
     if spec.norms.kind != "rmsnorm" and spec.mlp.gated:  # LayerNorm: StarCoder2's plain MLP only
         return None
-    c, autocast = _precision(precision)
-    if autocast:
+    if (pure := _pure_layer_terms(layer)) is None:
         return None
+    c, terms = pure
     sb = s * b
-    terms = hf_layer_terms(spec, attention, precision, device=device)
     probs = 2 * a * s**2 * b if c == 2 else 0
     freed = _after_attention(terms, c) + probs
     freed += c * sb * a * d  # the repeated V
@@ -272,13 +268,8 @@ def hf_top_layer_backward_bytes(
     return {"freed": sympy.expand(freed), "in_flight": sympy.expand(in_flight)}
 
 
-def hf_checkpointed_backward_bytes(
-    spec: ModelSpec,
-    attention: Attention = "eager",
-    precision: Precision = "bf16",
-    *,
-    device: Literal["cuda", "cpu"] = "cuda",
-) -> dict[str, sympy.Expr] | None:
+@after(EagerLayerOptions)
+def hf_checkpointed_backward_bytes(layer: EagerLayerOptions) -> dict[str, sympy.Expr] | None:
     """Activation bytes a checkpointed decoder layer holds at its backward peak (``layer``),
     above what was alive before its recomputation (its input, ``checkpoint``, included), for non-reentrant checkpointing, eager
     attention and LLaMA-style layers. The weight gradients made by then are counted by the
@@ -325,6 +316,7 @@ def hf_checkpointed_backward_bytes(
     >>> peaks["mlp_layer"]
     24*I*b*s + 16*a*b*d*s + 4*a*b*s**2 + 24*b*h*s + 8*b*s
     """
+    spec, attention, precision, device = layer.spec, layer.attention, layer.precision, layer.device
     if attention != "eager":
         return None
     c, autocast = _precision(precision)
