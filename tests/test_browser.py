@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vrammath.answers.report import estimate_dict
-from vrammath.browser import COMMANDS, argv_for, call, component_tex, page_data, run
+from vrammath.browser import COMMANDS, argv_for, call, component_tex, page_data, rpc, run
 from vrammath.cli import build_parser
 from vrammath.compose.estimate import estimate
 from vrammath.compose.setup import Setup
 from vrammath.model.presets import load_model
+from vrammath.notation.errors import InputError
 
 SETUPS = [
     ("estimate", {"model": "llama-7b", "zero": 3, "gpus": 8, "gpu": "a100-80gb"}),
@@ -151,3 +152,14 @@ def test_page_data_is_the_parser_flags() -> None:
                 assert f["default"] == want, (command, f["name"])
     assert "llama-7b" in data["models"]
     assert json.loads(json.dumps(data)) == data
+
+
+def test_the_worker_entry_answers_what_the_functions_answer() -> None:
+    """The worker's one entry (``rpc``) is the three functions, through JSON, and nothing else."""
+    setup = {"model": "llama-7b", "zero": 3, "gpus": 8}
+    assert json.loads(rpc("call", json.dumps(["estimate", setup]))) == call("estimate", setup)
+    argv = argv_for("estimate", setup)
+    assert json.loads(rpc("tex", json.dumps([argv]))) == component_tex(argv)
+    assert json.loads(rpc("run", json.dumps([argv]))) == run(argv)
+    with pytest.raises(InputError, match="op: must be one of call, tex, run"):
+        rpc("eval", json.dumps(["1 + 1"]))

@@ -198,7 +198,7 @@ def _wait_live(driver: Any) -> dict[str, Any]:
     return got
 
 
-def check_cold_start(base: str, make_driver: Any) -> tuple[list[str], list[str]]:
+def check_cold_start(base: str, root: Path, make_driver: Any) -> tuple[list[str], list[str]]:
     """Navigation to live in a fresh profile (nothing cached): the time and what dominates."""
     profile = Path(tempfile.mkdtemp(prefix="vrammath-cold-"))
     driver = make_driver(profile)
@@ -213,15 +213,19 @@ def check_cold_start(base: str, make_driver: Any) -> tuple[list[str], list[str]]
         return [], [f"the page did not go live: {got['error']}"]
     live_s = got["live"] / 1000
     t = got["timings"]
+    started = "restored from the build's snapshot" if t.get("snapshot") else "started"
     lines = [
         f"calculator: first view {got['first']:.0f} ms after navigation (the build's answers, "
-        f"{len(rows)} rows); live {live_s:.1f} s after navigation, cold (runtime "
+        f"{len(rows)} rows); live {live_s:.1f} s after navigation, cold (runtime {started} "
         f"{t['runtime_ms']} ms, install {t['install_ms']} ms, import sympy {t['sympy_ms']} ms, "
         f"import vrammath {t['vrammath_ms']} ms)"
     ]
     problems = []
     if not rows:
         problems.append("the first view shows no components before Python starts")
+    manifest = json.loads((root / "_static" / "wheels" / "manifest.json").read_text())
+    if manifest.get("snapshot") and not t.get("snapshot"):
+        problems.append("the build shipped a memory snapshot but the worker could not restore it")
     if live_s > LIVE_BUDGET_S:
         lines.append(f"calculator: NOTE live took {live_s:.1f} s (target {LIVE_BUDGET_S:.0f} s)")
     return lines, problems
@@ -554,7 +558,10 @@ def shipped(root: Path) -> list[str]:
     """What a reader's browser downloads for the live parts: raw and gzip'd bytes."""
     static = root / "_static"
     manifest = json.loads((static / "wheels" / "manifest.json").read_text())
-    wheels = [*manifest["wheels"], *([manifest["bundle"]] if "bundle" in manifest else [])]
+    bundle = [manifest["bundle"]] if "bundle" in manifest else []
+    snapshot = manifest.get("snapshot")
+    # a restored worker fetches the heap and the rest of the bundle, not the whole bundle
+    wheels = [*manifest["wheels"], *([snapshot["heap"], snapshot["bundle"]] if snapshot else bundle)]
     parts = [
         *sorted((static / "pyodide").iterdir()),
         *(static / "wheels" / name for name in [*wheels, *manifest["modules"], "manifest.json"]),
@@ -571,6 +578,13 @@ def shipped(root: Path) -> list[str]:
             f"  shipped: {path.relative_to(static)} {raw / 1e6:.2f} MB, gzip {zipped / 1e6:.2f} MB"
         )
     lines.append(f"  shipped in all: {raw_total / 1e6:.1f} MB, gzip'd {zipped_total / 1e6:.1f} MB")
+    if snapshot:
+        for name in bundle:
+            path = static / "wheels" / name
+            lines.append(
+                f"  fetched only where the snapshot cannot be restored: wheels/{name} "
+                f"{path.stat().st_size / 1e6:.2f} MB"
+            )
     return lines
 
 
@@ -584,7 +598,7 @@ def check_calculator(
     lines: list[str] = []
     problems: list[str] = []
     for check in (
-        lambda: check_cold_start(base, make_driver),
+        lambda: check_cold_start(base, root, make_driver),
         lambda: check_equality(driver, base),
         lambda: check_form(driver, base),
         lambda: check_links(driver, base, root),

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -165,6 +165,24 @@ def component_tex(argv: Sequence[str]) -> dict[str, str]:
     return {c.key: sympy.latex(c.expr) for c in est.components if c.expr is not None}
 
 
+RPC_OPS: dict[str, Callable[..., Any]] = {"call": call, "tex": component_tex, "run": run}
+"""The functions the page's Web Worker may ask for, by name (:func:`call`, :func:`component_tex`
+and :func:`run`)."""
+
+
+def rpc(op: str, text: str) -> str:
+    """The Web Worker's one entry: ``op`` (a key of :data:`RPC_OPS`) applied to the JSON
+    argument list ``text``, its answer as JSON (strings cross the JavaScript boundary unchanged).
+
+    >>> json.loads(rpc("run", '[["estimate", "llama-7b", "--json"]]'))["rc"]
+    0
+    """
+    if op not in RPC_OPS:
+        raise InputError("op", f"must be one of {', '.join(RPC_OPS)}", got=op)
+    args = json.loads(text)
+    return json.dumps(RPC_OPS[op](*args))
+
+
 def _field(opt: Option, default: Any) -> dict[str, Any]:
     return {
         "name": opt.name,
@@ -209,4 +227,4 @@ def page_data() -> dict[str, Any]:
     return {"forms": forms, "models": list(model_names()), "gpus": gpus}
 
 
-__all__ = ["COMMANDS", "argv_for", "call", "component_tex", "page_data", "run"]
+__all__ = ["COMMANDS", "RPC_OPS", "argv_for", "call", "component_tex", "page_data", "rpc", "run"]

@@ -1,12 +1,14 @@
 /* The handbook's Python, in a Web Worker so the page never waits on it: Pyodide (served from
  * _static/pyodide/), the wheels the docs build staged (_static/wheels/: sympy, mpmath, vrammath)
  * (or, where the build had node, their bytecode precompiled by tools/pyodide_bundle.mjs, in one
- * zip) and the docs helpers (vmdocs.py, for the runnable cells).
+ * zip, and a memory snapshot of Python with them imported) and the docs helpers (vmdocs.py, for
+ * the runnable cells).
  *
  * Messages in: {id, op, args}. op "call" [command, setup] -> vrammath.browser.call; "tex"
- * [argv] -> component_tex; "run" [argv] -> vrammath.browser.run; "cell" [scope, code] -> the
- * cell's output in that scope's namespace. Messages out: {id, result} or {id, error}, and
- * {progress: text, ms} while starting, then {ready: {timings}}.
+ * [argv] -> component_tex; "run" [argv] -> vrammath.browser.run (all through
+ * vrammath.browser.rpc); "cell" [scope, code] -> the cell's output in that scope's namespace.
+ * Messages out: {id, result} or {id, error}, and {progress: text, ms} while starting, then
+ * {ready: {timings}}.
  */
 import { loadPyodide } from "./pyodide/pyodide.mjs";
 
@@ -18,20 +20,56 @@ const scopes = new Map();
 
 function progress(text) { postMessage({ progress: text, ms: Math.round(performance.now()) }); }
 
+/** Pyodide restored from the build's memory snapshot (sympy and vrammath.browser imported). */
+async function fromSnapshot(indexURL, snapshot) {
+  // Pyodide sizes the heap to the snapshot through INITIAL_MEMORY, which this build's wasm does
+  // not read: grow the instance's memory to the snapshot's size before Pyodide copies it in.
+  const original = { instantiate: WebAssembly.instantiate, instantiateStreaming: WebAssembly.instantiateStreaming };
+  const grown = (result) => {
+    const memory = (result.instance || result).exports.memory;
+    const short = snapshot.length - memory.buffer.byteLength;
+    if (short > 0) memory.grow(Math.ceil(short / 65536));
+    return result;
+  };
+  WebAssembly.instantiate = async (...args) => grown(await original.instantiate(...args));
+  WebAssembly.instantiateStreaming = async (...args) => grown(await original.instantiateStreaming(...args));
+  try {
+    return await loadPyodide({ indexURL, fullStdLib: false, _loadSnapshot: snapshot });
+  } finally {
+    Object.assign(WebAssembly, original);
+  }
+}
+
 const ready = (async () => {
   let t = performance.now();
   progress("loading the Python runtime");
-  const manifestPromise = fetch(new URL("wheels/manifest.json", STATIC)).then((r) => r.json());
-  // the wheels download while the runtime starts
-  const wheelsPromise = manifestPromise.then((m) => Promise.all(
-    [...m.wheels, ...(m.bundle ? [m.bundle] : []), ...m.modules].map((name) => fetch(new URL(`wheels/${name}?v=${m.version}`, STATIC))
-      .then((r) => { if (!r.ok) throw new Error(`${name}: HTTP ${r.status}`); return r.arrayBuffer(); })
-      .then((buf) => [name, buf]))));
-  py = await loadPyodide({ indexURL: new URL("pyodide/", STATIC).href, fullStdLib: false });
+  const indexURL = new URL("pyodide/", STATIC).href;
+  const manifest = await fetch(new URL("wheels/manifest.json", STATIC)).then((r) => r.json());
+  const get = (name) => fetch(new URL(`wheels/${name}?v=${manifest.version}`, STATIC))
+    .then((r) => { if (!r.ok) throw new Error(`${name}: HTTP ${r.status}`); return r.arrayBuffer(); });
+  // what a restored heap already imported is left out of the snapshot's bundle
+  const fetchAll = (bundle) => Promise.all(
+    [...manifest.wheels, ...(bundle ? [bundle] : []), ...manifest.modules]
+      .map((name) => get(name).then((buf) => [name, buf])));
+  let wheelsPromise = null;  // the wheels (or the bundle) download while the runtime starts
+  if (manifest.snapshot) {
+    try {
+      wheelsPromise = fetchAll(manifest.snapshot.bundle);
+      py = await fromSnapshot(indexURL, new Uint8Array(await get(manifest.snapshot.heap)));
+      timings.snapshot = true;
+    } catch (err) {  // a snapshot this runtime cannot restore: start Python the long way
+      progress(`starting without the snapshot (${err && err.message ? err.message : err})`);
+      wheelsPromise.catch(() => {});  // not unpacked: its failure is no error of the page's
+      py = null;
+    }
+  }
+  if (!py) {
+    wheelsPromise = fetchAll(manifest.bundle);
+    py = await loadPyodide({ indexURL, fullStdLib: false });
+  }
   timings.runtime_ms = Math.round(performance.now() - t);
   t = performance.now();
   progress("installing sympy and vrammath");
-  const manifest = await manifestPromise;
   for (const [name, buf] of await wheelsPromise) {
     if (name.endsWith(".whl")) py.unpackArchive(buf, "wheel");
     else if (name.endsWith(".zip")) py.unpackArchive(buf, "zip", { extractDir: manifest.site });
@@ -39,26 +77,13 @@ const ready = (async () => {
   }
   timings.install_ms = Math.round(performance.now() - t);
   t = performance.now();
-  progress("importing sympy");
-  py.runPython(`import sys; sys.path.insert(0, ${JSON.stringify(manifest.site || "/home/pyodide")}); import sympy`);
+  progress("importing sympy");  // already in the snapshot's heap, when there is one
+  const site = JSON.stringify(manifest.site || "/home/pyodide");
+  py.runPython(`import sys\nif ${site} not in sys.path:\n    sys.path.insert(0, ${site})\nimport sympy`);
   timings.sympy_ms = Math.round(performance.now() - t);
   t = performance.now();
   progress("importing vrammath");
-  py.runPython(`
-import json
-import vrammath.browser as _vm_browser
-
-def _vm_rpc(op, text):
-    args = json.loads(text)
-    if op == "call":
-        return json.dumps(_vm_browser.call(*args))
-    if op == "tex":
-        return json.dumps(_vm_browser.component_tex(*args))
-    if op == "run":
-        return json.dumps(_vm_browser.run(*args))
-    raise ValueError(op)
-`);
-  rpc = py.globals.get("_vm_rpc");
+  rpc = py.pyimport("vrammath.browser").rpc;
   timings.vrammath_ms = Math.round(performance.now() - t);
   postMessage({ ready: timings });
 })();
