@@ -561,7 +561,10 @@ def shipped(root: Path) -> list[str]:
     bundle = [manifest["bundle"]] if "bundle" in manifest else []
     snapshot = manifest.get("snapshot")
     # a restored worker fetches the heap and the rest of the bundle, not the whole bundle
-    wheels = [*manifest["wheels"], *([snapshot["heap"], snapshot["bundle"]] if snapshot else bundle)]
+    wheels = [
+        *manifest["wheels"],
+        *([snapshot["heap"], snapshot["bundle"]] if snapshot else bundle),
+    ]
     parts = [
         *sorted((static / "pyodide").iterdir()),
         *(static / "wheels" / name for name in [*wheels, *manifest["modules"], "manifest.json"]),
