@@ -1,3 +1,3 @@
 """The words every other package uses: symbols, units, the named choices, the setup fields'
-metadata, and the one input error. Imports nothing of vrammath.
+metadata, the one input error, and how related functions share one signature. Imports nothing of vrammath.
 """

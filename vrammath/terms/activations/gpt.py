@@ -17,6 +17,7 @@ from __future__ import annotations
 import sympy
 
 from vrammath.model.spec import ModelSpec
+from vrammath.notation.signatures import after
 from vrammath.notation.symbols import I, a, b, h, s
 from vrammath.terms.activations.parts import (
     ATTENTIONS,
@@ -31,7 +32,6 @@ from vrammath.terms.activations.parts import (
     _math_kernel_dropout_kept,
     _norm_kept,
     _pure_precision,
-    after,
 )
 
 GELU_KEPT: dict[str, int] = {"gelu": 1, "gelu_pytorch_tanh": 1, "gelu_new": 4, "gelu_fast": 7}

@@ -85,6 +85,7 @@ import sympy
 
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
+from vrammath.notation.signatures import after
 from vrammath.notation.symbols import a, b, d_n, d_r, d_v, r_kv, r_q, s
 from vrammath.terms.activations.layer import hf_layer_terms
 from vrammath.terms.activations.parts import (
@@ -94,7 +95,6 @@ from vrammath.terms.activations.parts import (
     LayerOptions,
     Precision,
     _check,
-    after,
 )
 
 #: Rows the memory-efficient kernel pads its log-sum-exp to (PyTorch's ``kAlignLSE``).

@@ -19,6 +19,7 @@ import sympy
 
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.signatures import after
 from vrammath.notation.symbols import I, a, a_kv, b, d, h, s, w_win
 from vrammath.terms.activations.gpt import GELU_KEPT, gpt2_layer_terms, neox_layer_terms
 from vrammath.terms.activations.parts import (
@@ -35,7 +36,6 @@ from vrammath.terms.activations.parts import (
     _precision,
     _total,
     _unit_offset_norm_kept,
-    after,
 )
 
 

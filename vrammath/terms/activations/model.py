@@ -25,6 +25,7 @@ import sympy
 
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
+from vrammath.notation.signatures import after
 from vrammath.notation.symbols import L, L_e, V, b, d, h, s
 from vrammath.terms.activations.latent import mla_layer_terms, mla_rope_bytes
 from vrammath.terms.activations.layer import (
@@ -44,7 +45,6 @@ from vrammath.terms.activations.parts import (
     _residual_bytes,
     _total,
     _unit_offset_norm_kept,
-    after,
 )
 from vrammath.terms.moe.params import moe_mlp_kept_exprs
 

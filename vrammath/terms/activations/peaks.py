@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import sympy
 
 from vrammath.model.spec import ModelSpec
+from vrammath.notation.signatures import after
 from vrammath.notation.symbols import I, a, a_kv, b, d, h, s
 from vrammath.terms.activations.gpt import GELU_KEPT
 from vrammath.terms.activations.layer import hf_layer_terms
@@ -30,7 +31,6 @@ from vrammath.terms.activations.parts import (
     _norm_kept,
     _precision,
     _residual_bytes,
-    after,
 )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sympy
 
+from vrammath.notation.signatures import after
 from vrammath.notation.symbols import L, V, a, b, h, m, p, s, t
 from vrammath.terms.activations.parts import (
     PARALLEL,
@@ -32,7 +33,6 @@ from vrammath.terms.activations.parts import (
     _number,
     _total,
     _tp_divisors,
-    after,
 )
 
 
