@@ -49,7 +49,7 @@ A generic expression works too -- here a made-up activation term in ``b``:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
 import sympy
@@ -61,6 +61,7 @@ from vrammath.answers.budget import (
     symbol_values,
 )
 from vrammath.notation.errors import InputError, positive_int
+from vrammath.notation.signatures import after
 from vrammath.notation.units import fmt_bytes
 
 SEARCH_CAP = 2**48
@@ -328,32 +329,35 @@ def _solve(prob: _Problem, limit: int, question: str | None, *, grows: bool) -> 
     return answer("ok", lo if grows else hi, "search")
 
 
-def _problem(
-    expr: sympy.Expr | Sequence[sympy.Expr],
-    values: Mapping[sympy.Symbol | str, int],
-    unknown: sympy.Symbol | str,
-    limit: int,
-    multiple_of: int,
-) -> _Problem:
+@dataclass(frozen=True)
+class Inverse:
+    """An inverse problem as :func:`largest` and :func:`smallest` are asked it: the memory
+    ``expr`` (one expression, or terms each rounded up to a whole byte), the ``values`` of every
+    other symbol, the ``unknown``, the ``limit`` in bytes, the step ``multiple_of`` and the
+    ``question`` the answer names (default: "largest b", "smallest N_d", ...)."""
+
+    expr: sympy.Expr | Sequence[sympy.Expr]
+    values: Mapping[sympy.Symbol | str, int]
+    unknown: sympy.Symbol | str
+    limit: int
+    _: KW_ONLY
+    multiple_of: int = 1
+    question: str | None = None
+
+
+def _problem(ask: Inverse) -> _Problem:
     """The checked inputs of :func:`largest` and :func:`smallest`, as one problem."""
-    positive_int("multiple_of", multiple_of)
-    terms = expr_terms("expr", expr)
-    symbol = symbol_named("unknown", unknown)
-    numbers = symbol_values("values", values)
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise InputError("limit", "must be an integer number of bytes", got=limit)
-    return _Problem(terms, numbers, symbol, multiple_of)
+    positive_int("multiple_of", ask.multiple_of)
+    terms = expr_terms("expr", ask.expr)
+    symbol = symbol_named("unknown", ask.unknown)
+    numbers = symbol_values("values", ask.values)
+    if isinstance(ask.limit, bool) or not isinstance(ask.limit, int):
+        raise InputError("limit", "must be an integer number of bytes", got=ask.limit)
+    return _Problem(terms, numbers, symbol, ask.multiple_of)
 
 
-def largest(
-    expr: sympy.Expr | Sequence[sympy.Expr],
-    values: Mapping[sympy.Symbol | str, int],
-    unknown: sympy.Symbol | str,
-    limit: int,
-    *,
-    multiple_of: int = 1,
-    question: str | None = None,
-) -> Solution:
+@after(Inverse)
+def largest(ask: Inverse) -> Solution:
     """The largest multiple of ``multiple_of`` for ``unknown`` whose memory fits ``limit`` bytes.
 
     ``expr`` is one expression or a sequence of terms (each rounded up to a whole byte, as
@@ -366,18 +370,11 @@ def largest(
     >>> sol.value, sol.method, sol.verified
     (13346, 'closed-form', True)
     """
-    return _solve(_problem(expr, values, unknown, limit, multiple_of), limit, question, grows=True)
+    return _solve(_problem(ask), ask.limit, ask.question, grows=True)
 
 
-def smallest(
-    expr: sympy.Expr | Sequence[sympy.Expr],
-    values: Mapping[sympy.Symbol | str, int],
-    unknown: sympy.Symbol | str,
-    limit: int,
-    *,
-    multiple_of: int = 1,
-    question: str | None = None,
-) -> Solution:
+@after(Inverse)
+def smallest(ask: Inverse) -> Solution:
     """The smallest multiple of ``multiple_of`` for ``unknown`` whose memory fits ``limit`` bytes.
 
     Memory must not increase as ``unknown`` grows (``N_d``, ``t``, ``p``). The neighbour checked
@@ -388,11 +385,12 @@ def smallest(
     >>> sol.value, sol.neighbour, sol.method
     (4, 3, 'closed-form')
     """
-    return _solve(_problem(expr, values, unknown, limit, multiple_of), limit, question, grows=False)
+    return _solve(_problem(ask), ask.limit, ask.question, grows=False)
 
 
 __all__ = [
     "SEARCH_CAP",
+    "Inverse",
     "Solution",
     "largest",
     "smallest",
