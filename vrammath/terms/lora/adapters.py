@@ -37,12 +37,14 @@ References
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 
 import sympy
 
 from vrammath.model.params import param_count, size_values
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError, one_of
+from vrammath.notation.signatures import after
 from vrammath.notation.symbols import L, P, b, r, s
 from vrammath.terms.lora.linears import AdaptedLinear, adapted_linears, adapter_tensors
 from vrammath.terms.states import IMPLEMENTATIONS, recipe, tensor_optimizer_expr
@@ -95,15 +97,31 @@ def _adapter_widths(recipe_name: str, adapter_dtype: str) -> tuple[int, int, int
     return rec.weights, rec.gradients, rec.master, rec.state
 
 
-def lora_state_exprs(
-    spec: ModelSpec,
-    rank: int,
-    targets: str | Sequence[str] = ("q", "v"),
-    recipe_name: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    *,
-    adapter_dtype: str = "fp32",
-) -> dict[str, sympy.Expr]:
+@dataclass(frozen=True)
+class Adapters:
+    """LoRA adapters of rank ``rank`` on ``targets`` of ``spec``, trained under the recipe
+    ``recipe_name`` with ``optimizer``; ``adapter_dtype`` (keyword-only) is peft's ``"fp32"`` or
+    the ``"recipe"``'s widths. What :func:`lora_state_exprs` takes."""
+
+    spec: ModelSpec
+    rank: int
+    targets: str | Sequence[str] = ("q", "v")
+    recipe_name: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    _: KW_ONLY
+    adapter_dtype: str = "fp32"
+
+
+@dataclass(frozen=True)
+class AdapterStep(Adapters):
+    """:class:`Adapters` and the optimizer step's ``implementation`` (after ``optimizer``).
+    What :func:`lora_step_temp_expr` takes."""
+
+    implementation: str = "foreach"
+
+
+@after(Adapters)
+def lora_state_exprs(lora: Adapters) -> dict[str, sympy.Expr]:
     """Bytes of the adapters' weights, gradients, master copy and optimizer states.
 
     ``adapter_dtype="fp32"`` is peft's default (``autocast_adapter_dtype=True`` upcasts adapters of
@@ -116,10 +134,11 @@ def lora_state_exprs(
     >>> lora_state_exprs(load_model("llama-7b"), 8)["optimizer"]
     8*L*r*(a*d + a_kv*d + 2*h)
     """
-    w, g, master, state = _adapter_widths(recipe_name, adapter_dtype)
+    spec, targets = lora.spec, lora.targets
+    w, g, master, state = _adapter_widths(lora.recipe_name, lora.adapter_dtype)
     n = lora_param_expr(spec, targets)
-    values = lora_values(spec, rank)
-    opt = tensor_optimizer_expr(adapter_tensors(spec, targets), values, optimizer, state)
+    values = lora_values(spec, lora.rank)
+    opt = tensor_optimizer_expr(adapter_tensors(spec, targets), values, lora.optimizer, state)
     return {
         "weights": w * n,
         "gradients": g * n,
@@ -128,29 +147,22 @@ def lora_state_exprs(
     }
 
 
-def lora_step_temp_expr(
-    spec: ModelSpec,
-    rank: int,
-    targets: str | Sequence[str] = ("q", "v"),
-    recipe_name: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    implementation: str = "foreach",
-    *,
-    adapter_dtype: str = "fp32",
-) -> sympy.Expr:
+@after(AdapterStep)
+def lora_step_temp_expr(step: AdapterStep) -> sympy.Expr:
     """Transient bytes of ``optimizer.step()`` over the adapters (PyTorch Adam/AdamW).
 
     Same rule as :func:`vrammath.terms.states.optimizer_step_temp_expr`, applied to the adapters only:
     foreach materialises one state-sized copy of every adapter, for-loop two copies of the largest.
     """
+    spec, targets, implementation = step.spec, step.targets, step.implementation
     if implementation not in IMPLEMENTATIONS:
         raise one_of("implementation", implementation, IMPLEMENTATIONS)
-    _, _, _, state = _adapter_widths(recipe_name, adapter_dtype)
-    if optimizer not in ("adam", "adamw") or implementation == "fused":
+    _, _, _, state = _adapter_widths(step.recipe_name, step.adapter_dtype)
+    if step.optimizer not in ("adam", "adamw") or implementation == "fused":
         return sympy.Integer(0)
     if implementation == "foreach":
         return state * lora_param_expr(spec, targets)
-    values = lora_values(spec, rank)
+    values = lora_values(spec, step.rank)
     largest = max(adapter_tensors(spec, targets), key=lambda t: int(t.numel.subs(values)))
     return 2 * state * largest.numel
 
@@ -245,6 +257,8 @@ def _wrapped_bytes(
 
 __all__ = [
     "ADAPTER_DTYPES",
+    "AdapterStep",
+    "Adapters",
     "lora_activation_layer_expr",
     "lora_param_count",
     "lora_param_expr",
