@@ -170,15 +170,11 @@ def layout_memory(
 DEEPSEEK_V3_LAYOUT = Layout(2048, pp=16, tp=1, ep=64, zero=1, schedule="dualpipe")
 
 
-def deepseek_v3_training_memory(
-    micro_batch: int = 1,
-    seq_len: int = 4096,
-    policy: ActivationPolicy | str = DEEPSEEK_V3_POLICY,
-    *,
-    capacity_factor: Ratio | None = None,
-    imbalance: Ratio = 1,
-) -> LayoutMemory:
+def deepseek_v3_training_memory(**options: Unpack[LayoutOptions]) -> LayoutMemory:
     """Per-GPU memory of DeepSeek-V3's pre-training on 2,048 H800s, from the formulas.
+
+    ``options`` are :func:`layout_setup`'s keywords (:class:`LayoutOptions`), with the policy
+    :data:`~vrammath.terms.moe.layout.DEEPSEEK_V3_POLICY` unless one is given.
 
     The published layout (:data:`DEEPSEEK_V3_LAYOUT`), precision
     (:data:`~vrammath.terms.moe.layout.DEEPSEEK_V3_RECIPE`: bf16 weights, fp32 gradients and master
@@ -195,16 +191,9 @@ def deepseek_v3_training_memory(
 
     .. [1] DeepSeek-AI, arXiv:2412.19437 (2024), Sections 2.1.2, 3.2, 3.3 and 4.2.
     """
+    asked: LayoutOptions = {"policy": DEEPSEEK_V3_POLICY, **options}
     return layout_memory(
-        load_model("deepseek-v3"),
-        DEEPSEEK_V3_LAYOUT,
-        DEEPSEEK_V3_RECIPE,
-        "adamw",
-        micro_batch=micro_batch,
-        seq_len=seq_len,
-        policy=policy,
-        capacity_factor=capacity_factor,
-        imbalance=imbalance,
+        load_model("deepseek-v3"), DEEPSEEK_V3_LAYOUT, DEEPSEEK_V3_RECIPE, "adamw", **asked
     )
 
 
