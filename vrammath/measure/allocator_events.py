@@ -31,16 +31,16 @@ import sys
 import time
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from vrammath.measure.build import real_training_masks
 from vrammath.measure.documents import write_doc
 from vrammath.measure.matrix import GPU_ROWS, _model_arg, row_args, run_cuda_rows
-from vrammath.measure.step import _checked, _loop, _make_optimizer, _Setup, _training_model
+from vrammath.measure.step import StepRun, _checked, _loop, _make_optimizer, _training_model
 from vrammath.model.presets import GPU, load_gpus
-from vrammath.model.spec import ModelSpec
+from vrammath.notation.signatures import after
 from vrammath.terms.allocator import Event, predict
 
 
@@ -131,34 +131,23 @@ def _recorder_class() -> Any:
     return Recorder
 
 
-def record_training_step(
-    model: ModelSpec | str | Mapping[str, object],
-    *,
-    batch: int = 1,
-    seq: int = 512,
-    precision: str = "bf16",
-    attention: str = "sdpa",
-    recompute: str = "none",
-    optimizer: str = "adamw",
-    implementation: str = "foreach",
-    steps: int = 2,
-    layers: int | None = None,
-) -> Recording:
+@after(StepRun)
+def record_training_step(run: StepRun) -> Recording:
     """The allocation/free log of ``steps`` fake training iterations of the real HF model."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    setup = _Setup(batch, seq, precision, attention, recompute, optimizer, implementation)
-    spec, gelu = _checked(model, setup, steps)
+    steps, layers, implementation = run.steps, run.layers, run.implementation
+    spec, gelu = _checked(run.model, run, steps)
     recorder = _recorder_class()()
     with real_training_masks(), FakeTensorMode():
-        net = _training_model(spec, setup, layers, gelu)
-        opt = _make_optimizer(net.parameters(), optimizer, implementation)
-        ids = torch.randint(0, spec.vocab, (batch, seq))
+        net = _training_model(spec, run, layers, gelu)
+        opt = _make_optimizer(net.parameters(), run.optimizer, implementation)
+        ids = torch.randint(0, spec.vocab, (run.batch, run.seq))
         for tensor in [*net.parameters(), *net.buffers(), ids]:
             recorder.track(tensor)
         with recorder:
-            _loop(net, opt, _PhaseMarks(recorder), ids, precision, "cpu", steps, dict)
+            _loop(net, opt, _PhaseMarks(recorder), ids, run.precision, "cpu", steps, dict)
         recorder.active = False
         host = set()
         if implementation != "fused":
@@ -168,7 +157,7 @@ def record_training_step(
                     host.add(recorder.ids[step.untyped_storage()])
     events = tuple(e for e in recorder.events if e.storage not in host)
     recorded = {
-        **asdict(setup),
+        **run.recorded(),
         "steps": steps,
         "layers": spec.layers if layers is None else layers,
     }

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from vrammath.measure.build import as_spec, build_model, check_choice, real_training_masks
@@ -48,6 +49,7 @@ from vrammath.measure.step import (
     _mem_tracker,
     _Phases,
 )
+from vrammath.notation.signatures import after
 
 PHASE_NAMES = PHASES
 STATES = ("parameters", "gradients", "optimizer")
@@ -288,18 +290,26 @@ def _counted(built: dict[str, Any], *, after_backward: bool) -> dict[str, int]:
     return out
 
 
-def measure_engine(
-    engine: str,
-    model: Any,
-    *,
-    batch: int = 1,
-    seq: int = 256,
-    attention: str = "sdpa",
-    ranks: int = 8,
-    steps: int = 2,
-    loop: str = "loss",
-    rank: int = 0,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EngineRun:
+    """What :func:`measure_engine` runs: ``engine`` (a key of :data:`ENGINES`) on ``model``, with
+    (keyword-only) the batch shape, the attention kernel, the fake world of ``ranks`` and the one
+    ``rank`` measured, ``steps`` iterations of the ``loop``."""
+
+    engine: str
+    model: Any
+    _: KW_ONLY
+    batch: int = 1
+    seq: int = 256
+    attention: str = "sdpa"
+    ranks: int = 8
+    steps: int = 2
+    loop: str = "loss"
+    rank: int = 0
+
+
+@after(EngineRun)
+def measure_engine(run: EngineRun) -> dict[str, Any]:
     """Run ``steps`` iterations of ``engine`` on rank ``rank`` of ``ranks`` and count its memory.
 
     Returns per iteration the phases' end and peak snapshots (MemTracker categories and
@@ -316,9 +326,11 @@ def measure_engine(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    engine, batch, seq, attention = run.engine, run.batch, run.seq, run.attention
+    ranks, steps, loop, rank = run.ranks, run.steps, run.loop, run.rank
     check_choice("engine", engine, list(ENGINES))
     check_choice("loop", loop, LOOPS)
-    spec = as_spec(model)
+    spec = as_spec(run.model)
     if rank and ENGINES[engine].get("profile") != "zero1-torch":
         raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):

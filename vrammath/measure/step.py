@@ -24,7 +24,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from vrammath.measure.build import (
@@ -40,6 +40,7 @@ from vrammath.measure.build import (
 )
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
+from vrammath.notation.signatures import after
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
@@ -48,22 +49,45 @@ CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate
 PHASES = ("forward", "backward", "step", "zero_grad")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Setup:
-    """What a measured step runs with, as :func:`measure_training_step` and
-    ``allocator_events.record_training_step`` take it (and record it, in this order)."""
+    """What a measured step runs with (recorded in this order with each measurement)."""
 
-    batch: int
-    seq: int
-    precision: str
-    attention: str
-    recompute: str
-    optimizer: str
-    implementation: str
+    batch: int = 1
+    seq: int = 512
+    precision: str = "bf16"
+    attention: str = "sdpa"
+    recompute: str = "none"
+    optimizer: str = "adamw"
+    implementation: str = "foreach"
+
+    def recorded(self) -> dict[str, Any]:
+        """The setup's fields and values, as a measurement records them."""
+        return {key: getattr(self, key) for key in SETUP_KEYS}
 
 
 SETUP_KEYS = tuple(f.name for f in fields(_Setup))
 """The setup's names: a matrix row's keys of the same names are the step's arguments."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRun(_Setup):
+    """A training step to run: the ``model`` (positional), the setup (keyword-only), ``steps``
+    iterations and, when given, only the first ``layers`` layers. What
+    ``allocator_events.record_training_step`` takes."""
+
+    model: ModelSpec | str | Mapping[str, object] = field(kw_only=False)
+    steps: int = 2
+    layers: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredRun(StepRun):
+    """A :class:`StepRun` with the ranks ZeRO-3 shards over (None: no sharding) and the device.
+    What :func:`measure_training_step` takes."""
+
+    zero3_ranks: int | None = None
+    device: str = "cpu"
 
 
 def _lean_tracker(base: Any) -> Any:
@@ -228,21 +252,8 @@ def _tensor_bytes(tensors: Any) -> int:
     return _distinct_bytes(storages, lambda st: st.data_ptr())
 
 
-def measure_training_step(
-    model: ModelSpec | str | Mapping[str, object],
-    *,
-    batch: int = 1,
-    seq: int = 512,
-    precision: str = "bf16",
-    attention: str = "sdpa",
-    recompute: str = "none",
-    optimizer: str = "adamw",
-    implementation: str = "foreach",
-    zero3_ranks: int | None = None,
-    steps: int = 2,
-    layers: int | None = None,
-    device: str = "cpu",
-) -> dict[str, Any]:
+@after(MeasuredRun)
+def measure_training_step(run: MeasuredRun) -> dict[str, Any]:
     """Run ``steps`` training iterations of the real HF model and count their memory.
 
     Returns a dict with the setup, the torch/transformers versions, and ``iterations``: one
@@ -254,8 +265,8 @@ def measure_training_step(
     import torch
     import transformers
 
-    setup = _Setup(batch, seq, precision, attention, recompute, optimizer, implementation)
-    spec, gelu = _checked(model, setup, steps, device)
+    zero3_ranks, steps, layers, device = run.zero3_ranks, run.steps, run.layers, run.device
+    spec, gelu = _checked(run.model, run, steps, device)
     if zero3_ranks is not None:
         check_positive("zero3_ranks", zero3_ranks)
         if device == "cuda":
@@ -267,7 +278,7 @@ def measure_training_step(
     result: dict[str, Any] = {
         "model": spec.name,
         "setup": {
-            **asdict(setup),
+            **run.recorded(),
             "zero3_ranks": zero3_ranks,
             "steps": steps,
             "layers": spec.layers if layers is None else layers,
@@ -277,9 +288,9 @@ def measure_training_step(
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
     if device == "cuda":
-        iterations = _run_cuda(spec, setup, steps, layers, gelu)
+        iterations = _run_cuda(spec, run, steps, layers, gelu)
     else:
-        iterations = _run_fake(spec, setup, zero3_ranks, steps, layers, gelu)
+        iterations = _run_fake(spec, run, zero3_ranks, steps, layers, gelu)
     result["iterations"] = iterations
     result["first"] = iterations[0]
     result["steady"] = iterations[-1]
