@@ -28,7 +28,6 @@ from vrammath.serve.kv_cache import (
     kv_bytes_per_token,
     kv_cache_bytes,
     kv_cache_expr,
-    kv_values,
 )
 from vrammath.serve.weights import INT4_GROUP, serving_weight_bytes
 
@@ -215,22 +214,16 @@ def serve(setup: Serve) -> ServeEstimate:
     spec = setup.model
     warn_context(spec.name, spec.past_context("context", setup.context))
     w = serving_weight_bytes(spec, setup.weights, tp=setup.tp, group=setup.group)
-    expr = kv_cache_expr(spec, tp=setup.tp > 1, paged=setup.block is not None)
-    values = kv_values(
-        spec,
-        batch=setup.batch,
-        context=setup.context,
-        kv_dtype=setup.kv_dtype,
-        tp=setup.tp,
-        block=setup.block or 1,
+    kv_bytes = kv_cache_bytes(
+        spec, setup.batch, setup.context, setup.kv_dtype, tp=setup.tp, block=setup.block
     )
     per_token = kv_bytes_per_token(spec, setup.kv_dtype, tp=setup.tp)
     return ServeEstimate(
         setup=setup,
         weights_bytes=w["weights"],
         quant_constants_bytes=w["quant_constants"],
-        kv_bytes=int(expr.subs(values)),
-        kv_expr=expr,
+        kv_bytes=kv_bytes,
+        kv_expr=kv_cache_expr(spec, tp=setup.tp > 1, paged=setup.block is not None),
         per_token_bytes=per_token,
         block_bytes=None if setup.block is None else per_token * setup.block,
     )
