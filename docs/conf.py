@@ -255,10 +255,13 @@ def stage_live() -> Path:
     import json
     import subprocess
     import tarfile
+    import zipfile
 
     stamp = LIVE_STAGE / "source.txt"
     bundler = ROOT / "tools" / "pyodide_bundle.mjs"
-    key = f"{PYODIDE_VERSION} {SOURCES_HASH} {hashlib.sha256(bundler.read_bytes()).hexdigest()}"
+    # staged again when the pin, the package, the bundler or this staging (this file) change
+    recipe = hashlib.sha256(bundler.read_bytes() + Path(__file__).read_bytes()).hexdigest()
+    key = f"{PYODIDE_VERSION} {SOURCES_HASH} {recipe}"
     if stamp.is_file() and stamp.read_text() == key:
         return LIVE_STAGE
     shutil.rmtree(LIVE_STAGE, ignore_errors=True)
@@ -290,9 +293,18 @@ def stage_live() -> Path:
         check=True,
     )
     names = sorted(p.name for p in wheels.glob("*.whl"))
-    # the docs helpers, for the pages' runnable cells (they import vmdocs)
-    shutil.copy2(DOCS / "vmdocs.py", wheels / "vmdocs.py")
-    manifest = {"wheels": names, "modules": ["vmdocs.py"], "version": SOURCES_HASH}
+    # what the pages' runnable cells read besides the package, at the paths they have in the
+    # checkout (the worker unpacks it where vrammath's parent folder is): the docs helpers
+    # (vmdocs, importable from docs/) and the committed measurements of validation/
+    with zipfile.ZipFile(wheels / "pages.zip", "w", zipfile.ZIP_DEFLATED) as pages:
+        for path in [DOCS / "vmdocs.py", *sorted((ROOT / "validation").glob("*.json"))]:
+            pages.write(path, path.relative_to(ROOT).as_posix())
+    manifest = {
+        "wheels": names,
+        "pages": ["pages.zip"],
+        "paths": ["docs"],
+        "version": SOURCES_HASH,
+    }
     (wheels / "manifest.json").write_text(json.dumps(manifest, indent=1))
     node = shutil.which("node")
     if node:  # precompiled by the browser's own Python: the page starts seconds sooner
@@ -352,6 +364,8 @@ napoleon_custom_sections = [("Explanation", "Notes")]
 # Nitpicky mode (-n): with no intersphinx, names from other packages cannot resolve; anything of
 # vrammath's own that fails to resolve is still an error.
 nitpick_ignore_regex = [
+    # the type variables of notation.signatures.after (private names, no page of their own)
+    (r"py:class", r"(vrammath\.notation\.signatures\.)?_[PTR]"),
     (r"py:.*", r"(sympy|numpy|np|pathlib|collections|typing|typing_extensions|dataclasses)(\..*)?"),
     (r"py:.*", r"(Path|Mapping|Sequence|Iterable|Iterator|Callable|Literal|Any|Self|TypeAlias)"),
     (r"py:.*", r"(Symbol|Expr|Basic|Rational|Integer|Float|Number|Matrix|Eq|Piecewise)"),

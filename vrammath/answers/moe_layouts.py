@@ -174,7 +174,7 @@ def deepseek_v3_training_memory(**options: Unpack[LayoutOptions]) -> LayoutMemor
     """Per-GPU memory of DeepSeek-V3's pre-training on 2,048 H800s, from the formulas.
 
     ``options`` are :func:`layout_setup`'s keywords (:class:`LayoutOptions`), with the policy
-    :data:`~vrammath.terms.moe.layout.DEEPSEEK_V3_POLICY` unless one is given.
+    :data:`~vrammath.terms.korthikanti.layout.DEEPSEEK_V3_POLICY` unless one is given.
 
     The published layout (:data:`DEEPSEEK_V3_LAYOUT`), precision
     (:data:`~vrammath.terms.moe.layout.DEEPSEEK_V3_RECIPE`: bf16 weights, fp32 gradients and master

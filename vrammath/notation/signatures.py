@@ -3,7 +3,7 @@
 :func:`after` gives a function the parameters of another -- a ``*_bytes`` those of its
 ``*_terms``, a formula those of the frozen dataclass that names its options -- so that related
 functions share one signature instead of repeating it, while each keeps its own name, docstring
-and doctest, and the API pages, :func:`inspect.signature` and mypy see the shared parameters.
+and doctest, and the API pages, ``inspect.signature`` and mypy see the shared parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def after(first: Callable[_P, _T]) -> Callable[[Callable[[_T], _R]], Callable[_P
     ``@after(first)`` over ``def body(x)`` gives ``body(first(*args, **kwargs))``: functions that
     take the same options write them once, a ``*_bytes`` as the sum of its ``*_terms``, formulas
     of one layer over :class:`LayerOptions`. The result keeps ``body``'s name, docstring and
-    return annotation and shows ``first``'s parameters to :func:`inspect.signature` (so to the
+    return annotation and shows ``first``'s parameters to ``inspect.signature`` (so to the
     API pages); the type checker sees them through the ParamSpec.
 
     >>> @after(lambda x, y=1: x + y)
