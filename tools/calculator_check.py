@@ -14,9 +14,9 @@ vrammath itself (Pyodide in a Web Worker, docs/_static/vrammath-*.js); this chec
   number shows the CLI's own message beside the field; a number change and an option change
   are timed (input to rendered answer);
 * every "try it" link of the handbook opens the setup it names, field by field;
-* runnable cells: every code cell has the control, and every cell of two pages runs in the
-  browser (or says in one line that it needs a package the bundle lacks); the doctest examples
-  of eight API pages run there and print what their doctests expect;
+* runnable cells: every code cell whose code is shown has the control, and every cell of every
+  page runs in the browser (or says in one line which package the bundle lacks); the doctest
+  examples of every API page run there and print what their doctests expect;
 * the bytes shipped (raw and gzip'd).
 """
 
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -60,17 +61,6 @@ CLI_RUNS = 5  # of those, also through a real `python -m vrammath` process
 LIVE_BUDGET_S = 6.0  # navigation to live, cold (issue 29)
 NUMBER_BUDGET_MS = 50.0
 OPTION_BUDGET_MS = 500.0
-CELL_PAGES = ("interview/q-72b-8xa100.html", "handbook/quickstart.html")
-DOCTEST_PAGES = (
-    "browser",
-    "notation.units",
-    "model.presets",
-    "model.params",
-    "compose.estimate",
-    "serve.estimate",
-    "answers.budget",
-    "answers.fit",
-)
 TARGET_CHOICES = ("q,v", "q,k,v,o", "all-linear")
 
 JS_RUN = """
@@ -444,22 +434,26 @@ def check_links(driver: Any, base: str, root: Path) -> tuple[list[str], list[str
 
 
 def check_cells(driver: Any, base: str, root: Path) -> tuple[list[str], list[str]]:
-    """The run control on every code cell; every cell of CELL_PAGES run in the browser."""
+    """Every page with code cells: a run control on each cell whose code is shown, and every
+    cell run in the browser, in order, in the page's namespace -- each must run, or say in one
+    line which package the browser bundle lacks."""
     problems: list[str] = []
-    with_cells = 0
-    for page in sorted(root.rglob("*.html")):
-        text = page.read_text()
-        if 'class="cell docutils container"' in text or 'class="cell tag_' in text:
-            with_cells += 1
-    ran = needs = 0
+    with_cells = [
+        page.relative_to(root).as_posix()
+        for page in sorted(root.rglob("*.html"))
+        if 'class="cell docutils container"' in (text := page.read_text())
+        or 'class="cell tag_' in text
+    ]
+    ran = 0
+    needs: Counter[str] = Counter()
     driver.set_script_timeout(300)
-    for rel in CELL_PAGES:
+    for rel in with_cells:
         driver.get(f"{base}/{rel}")
         shown = driver.execute_script(
             "return document.querySelectorAll('div.cell .cell_input pre').length"
         )
         buttons = driver.execute_script("return document.querySelectorAll('.vm-run-button').length")
-        if not buttons or buttons != shown:
+        if buttons != shown:
             problems.append(f"{rel}: {buttons} run controls for {shown} cells with code shown")
         sources = driver.execute_async_script(
             "const done = arguments[arguments.length - 1];"
@@ -477,14 +471,17 @@ def check_cells(driver: Any, base: str, root: Path) -> tuple[list[str], list[str
             )
             if got.get("error") is None:
                 ran += 1
-            elif "which the browser bundle does not include" in got["error"]:
-                needs += 1
+            elif lacks := re.match(
+                r"this cell needs (\S+), which the browser bundle", got["error"]
+            ):
+                needs[lacks.group(1)] += 1
             else:
                 problems.append(f"{rel} cell {i + 1}: {got['error']}")
+    lacking = ", ".join(f"{name} {n}" for name, n in sorted(needs.items())) or "none"
     lines = [
-        f"runnable cells: the control on every code cell ({with_cells} pages with cells); "
-        f"{ran} cells of {len(CELL_PAGES)} pages ran in the browser, {needs} said they need "
-        "a package the bundle lacks"
+        f"runnable cells: {ran + sum(needs.values())} cells of {len(with_cells)} pages run in the "
+        f"browser: {ran} ran, {sum(needs.values())} said which package the bundle lacks "
+        f"({lacking})"
     ]
     return lines, problems
 
@@ -499,15 +496,16 @@ def _matches(got: str, want: str) -> bool:
     return re.fullmatch(pattern, _normal(got), re.S) is not None
 
 
-def check_doctests(driver: Any, base: str) -> tuple[list[str], list[str]]:
-    """The API pages' doctest examples run in the browser, in their module's namespace: no
+def check_doctests(driver: Any, base: str, root: Path) -> tuple[list[str], list[str]]:
+    """Every API page's doctest examples run in the browser, in their module's namespace: no
     error, and the output the doctest expects (whitespace normalized; examples with doctest
     directives are only run)."""
     problems: list[str] = []
     ran = same = 0
     driver.set_script_timeout(300)
-    for module in DOCTEST_PAGES:
-        rel = f"reference/api/{module}.html"
+    api_pages = sorted((root / "reference" / "api").glob("*.html"))
+    for page in api_pages:
+        rel = page.relative_to(root).as_posix()
         driver.get(f"{base}/{rel}")
         blocks = driver.execute_script("return document.querySelectorAll('div.doctest').length")
         buttons = driver.execute_script(
@@ -548,7 +546,7 @@ def check_doctests(driver: Any, base: str) -> tuple[list[str], list[str]]:
                         f"expects {example['expected'][:200]!r}"
                     )
     lines = [
-        f"doctest examples: {ran} examples of {len(DOCTEST_PAGES)} API pages ran in the browser, "
+        f"doctest examples: {ran} examples of {len(api_pages)} API pages ran in the browser, "
         f"{same} printed exactly what the doctest expects"
     ]
     return lines, problems
@@ -567,7 +565,7 @@ def shipped(root: Path) -> list[str]:
     ]
     parts = [
         *sorted((static / "pyodide").iterdir()),
-        *(static / "wheels" / name for name in [*wheels, *manifest["modules"], "manifest.json"]),
+        *(static / "wheels" / name for name in [*wheels, *manifest["pages"], "manifest.json"]),
         *(static / n for n in ("vrammath-live.js", "vrammath-worker.mjs", "calculator.js")),
     ]
     lines = []
@@ -606,7 +604,7 @@ def check_calculator(
         lambda: check_form(driver, base),
         lambda: check_links(driver, base, root),
         lambda: check_cells(driver, base, root),
-        lambda: check_doctests(driver, base),
+        lambda: check_doctests(driver, base, root),
     ):
         more_lines, more = check()
         lines += more_lines

@@ -1,8 +1,8 @@
 /* The handbook's Python, in a Web Worker so the page never waits on it: Pyodide (served from
  * _static/pyodide/), the wheels the docs build staged (_static/wheels/: sympy, mpmath, vrammath)
  * (or, where the build had node, their bytecode precompiled by tools/pyodide_bundle.mjs, in one
- * zip, and a memory snapshot of Python with them imported) and the docs helpers (vmdocs.py, for
- * the runnable cells).
+ * zip, and a memory snapshot of Python with them imported) and what the runnable cells read
+ * (pages.zip: docs/vmdocs.py and validation/*.json, unpacked where a checkout has them).
  *
  * Messages in: {id, op, args}. op "call" [command, setup] -> vrammath.browser.call; "tex"
  * [argv] -> component_tex; "run" [argv] -> vrammath.browser.run (all through
@@ -49,7 +49,7 @@ const ready = (async () => {
     .then((r) => { if (!r.ok) throw new Error(`${name}: HTTP ${r.status}`); return r.arrayBuffer(); });
   // what a restored heap already imported is left out of the snapshot's bundle
   const fetchAll = (bundle) => Promise.all(
-    [...manifest.wheels, ...(bundle ? [bundle] : []), ...manifest.modules]
+    [...manifest.wheels, ...(bundle ? [bundle] : []), ...manifest.pages]
       .map((name) => get(name).then((buf) => [name, buf])));
   let wheelsPromise = null;  // the wheels (or the bundle) download while the runtime starts
   if (manifest.snapshot) {
@@ -70,21 +70,29 @@ const ready = (async () => {
   timings.runtime_ms = Math.round(performance.now() - t);
   t = performance.now();
   progress("installing sympy and vrammath");
-  for (const [name, buf] of await wheelsPromise) {
+  const fetched = await wheelsPromise;
+  const pages = fetched.filter(([name]) => manifest.pages.includes(name));
+  for (const [name, buf] of fetched) {
     if (name.endsWith(".whl")) py.unpackArchive(buf, "wheel");
-    else if (name.endsWith(".zip")) py.unpackArchive(buf, "zip", { extractDir: manifest.site });
-    else py.FS.writeFile(`${manifest.site || "/home/pyodide"}/${name}`, new Uint8Array(buf));
+    else if (!manifest.pages.includes(name)) py.unpackArchive(buf, "zip", { extractDir: manifest.site });
   }
   timings.install_ms = Math.round(performance.now() - t);
   t = performance.now();
   progress("importing sympy");  // already in the snapshot's heap, when there is one
-  const site = JSON.stringify(manifest.site || "/home/pyodide");
-  py.runPython(`import sys\nif ${site} not in sys.path:\n    sys.path.insert(0, ${site})\nimport sympy`);
+  if (manifest.site) {
+    const site = JSON.stringify(manifest.site);
+    py.runPython(`import sys\nif ${site} not in sys.path:\n    sys.path.insert(0, ${site})`);
+  }
+  py.runPython("import sympy");
   timings.sympy_ms = Math.round(performance.now() - t);
   t = performance.now();
   progress("importing vrammath");
   rpc = py.pyimport("vrammath.browser").rpc;
   timings.vrammath_ms = Math.round(performance.now() - t);
+  // the cells' files, where they lie in a checkout: beside the folder that holds vrammath
+  const root = py.runPython("import os, vrammath; os.path.dirname(os.path.dirname(vrammath.__file__))");
+  for (const [, buf] of pages) py.unpackArchive(buf, "zip", { extractDir: root });
+  for (const dir of manifest.paths || []) py.runPython(`import sys; sys.path.append(${JSON.stringify(`${root}/${dir}`)})`);
   postMessage({ ready: timings });
 })();
 
@@ -114,7 +122,49 @@ except ModuleNotFoundError:
     _myst_nb.glue = lambda name, value, display=True: None
     sys.modules["myst_nb"] = _myst_nb
 
+import builtins
 from pyodide.code import eval_code as _vm_eval_code
+
+# Plotting packages the browser bundle lacks (no wheel of them for this runtime is published
+# where the build can fetch one). A cell may import them: the names resolve, and the first use
+# raises the package's ModuleNotFoundError, so only the cells that draw say what they need.
+_VM_ABSENT = ("matplotlib", "numpy")
+
+
+class _VmAbsent:
+    """Stands for a package the bundle lacks, or any name inside it."""
+
+    def __init__(self, root):
+        self._vm_root = root
+
+    def _vm_missing(self, *args, **kwargs):
+        raise ModuleNotFoundError(f"No module named '{self._vm_root}'", name=self._vm_root)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._vm_root == "matplotlib" and name == "use":  # the backend: nothing draws here
+            return lambda *args, **kwargs: None
+        return self
+
+    __call__ = __getitem__ = __setitem__ = __iter__ = __len__ = _vm_missing
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _vm_missing
+    __truediv__ = __rtruediv__ = __pow__ = __float__ = __int__ = _vm_missing
+
+
+def _vm_import(name, globals=None, locals=None, fromlist=(), level=0):
+    try:
+        return builtins.__import__(name, globals, locals, fromlist, level)
+    except ModuleNotFoundError as err:
+        root = name.partition(".")[0]
+        if level or root not in _VM_ABSENT or (err.name or "").partition(".")[0] != root:
+            raise
+        return _VmAbsent(root)
+
+
+def _vm_scope():
+    """A page's namespace: the builtins, with imports of the absent packages resolving."""
+    return {"__builtins__": {**vars(builtins), "__import__": _vm_import}}
 
 
 def _vm_cell(code, scope):
@@ -127,7 +177,7 @@ let shimmed = false;
 /** One handbook cell in the namespace of ``scope`` (a page): its output, or its error. */
 function runCell(scope, code) {
   if (!shimmed) { py.runPython(SHIMS); shimmed = true; }
-  if (!scopes.has(scope)) scopes.set(scope, py.globals.get("dict")());
+  if (!scopes.has(scope)) scopes.set(scope, py.globals.get("_vm_scope")());
   const out = [];
   py.setStdout({ batched: (s) => out.push(s) });
   py.setStderr({ batched: (s) => out.push(s) });
