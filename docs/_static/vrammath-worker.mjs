@@ -170,7 +170,10 @@ def _vm_scope():
 def _vm_cell(code, scope):
     """Run a cell in scope; the repr of its last bare expression, as Jupyter shows it."""
     value = _vm_eval_code(code, scope)
-    return None if value is None else repr(value)
+    if value is None:
+        return None
+    scope["_"] = value  # the last value shown, as the interactive prompt (and doctest) keep it
+    return repr(value)
 `;
 let shimmed = false;
 
