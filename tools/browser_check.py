@@ -33,13 +33,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from calculator_check import check_calculator  # tools/, beside this script
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import TimeoutException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -305,14 +307,40 @@ def main(argv: list[str] | None = None) -> int:
     reports: list[PageReport] = []
     started = time.monotonic()
     driver = make_driver(profile)
+    crashes: list[str] = []
+
+    def on_page(check: Callable[..., Any], rel: str, *args: Any) -> Any:
+        """Run one page's check; a crashed tab gets a new browser and one more try.
+
+        Headless Chromium's renderer has crashed under a loaded CI machine ("tab crashed" on
+        a plain navigation) where the same build passed here: one crash is reported and retried,
+        a second on the same page is a failure.
+        """
+        nonlocal driver
+        for attempt in (1, 2):
+            try:
+                return check(driver, base, rel, *args)
+            except WebDriverException as err:
+                if "crash" not in str(err):
+                    raise
+                crashes.append(rel)
+                print(f"browser check: the tab crashed on {rel} (try {attempt})", file=sys.stderr)
+                with contextlib.suppress(WebDriverException):
+                    driver.quit()
+                driver = make_driver(profile / f"after-crash-{len(crashes)}")
+        failures.append(f"{rel}: the tab crashed twice")
+        return None
+
     try:
         for rel in pages(root):
-            report = check_page(driver, base, rel)
+            report = on_page(check_page, rel)
+            if report is None:
+                continue
             reports.append(report)
             failures.extend(f"{rel}: {problem}" for problem in report.problems)
         for width in WIDTHS:
             for rel in pages(root):
-                failures.extend(f"{rel}: {p}" for p in check_layout(driver, base, rel, width))
+                failures.extend(f"{rel}: {p}" for p in on_page(check_layout, rel, width) or [])
             saved_at = shots / f"{width}px"
             for rel in SCREENSHOT_PAGES:
                 if (root / rel).is_file():
@@ -354,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  console errors:    {sum(len(r.console_errors) for r in reports)}")
     print(f"  external requests: {sum(len(r.external_requests) for r in reports)}")
     print(f"  layout checked at: {', '.join(f'{w} px' for w in WIDTHS)}")
+    print(
+        f"  tab crashes:       {len(crashes)} (retried once each){': ' if crashes else ''}"
+        f"{', '.join(crashes)}"
+    )
     for line in calc_lines:
         print(f"  {line}")
     for path in saved:
