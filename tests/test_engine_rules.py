@@ -144,7 +144,7 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.count("\n") == 0
     assert err.startswith("vrammath: error: offload_optimizer:")
     assert main(["estimate", "llama-7b", "--engine", "fsdp9"]) == 2
-    assert "must be one of hf, zero1-torch, ddp" in capsys.readouterr().err
+    assert "must be one of hf, zero1-torch, ddp, megatron" in capsys.readouterr().err
 
 
 def test_ddp_buckets_are_resident_gradients() -> None:
@@ -186,3 +186,37 @@ def test_plans_keep_the_engine_stage_once() -> None:
     tried = candidates(vm.Setup(vm.load_model("llama-7b"), engine="zero1-torch", gpus=8))
     assert {c.zero for c in tried} == {1}
     assert len(tried) == len({(c.recompute, c.offload_optimizer) for c in tried})
+
+
+def test_megatron_grad_buffer_is_resident() -> None:
+    spec = vm.load_model("llama-7b")
+    p = vm.param_count(spec)
+    plain = vm.estimate(vm.Setup(spec, recipe="bf16-megatron", seq_len=1024))
+    fp32 = vm.estimate(vm.Setup(spec, recipe="bf16-megatron", engine="megatron", seq_len=1024))
+    # the same 18 bytes/param; the 4 of the gradients are the buffer, kept from construction
+    assert fp32.model_state_bytes == plain.model_state_bytes == 18 * p
+    assert fp32.component("main_grads").bytes == 4 * p
+    assert "gradients" not in {c.key for c in fp32.components}
+    assert fp32.phases["step_peak"] == plain.phases["step_peak"]  # .float() is an alias
+    assert fp32.phases["forward_peak"] - plain.phases["forward_peak"] == 4 * p
+    # --grad-reduce-in-bf16: a 2-byte buffer, and the step's fp32 copies of it beside it
+    bf16 = vm.estimate(vm.Setup(spec, recipe="bf16-mixed", engine="megatron", seq_len=1024))
+    mixed = vm.estimate(vm.Setup(spec, recipe="bf16-mixed", seq_len=1024))
+    assert bf16.component("main_grads").bytes == 2 * p
+    assert bf16.phases["step_peak"] - mixed.phases["step_peak"] == 4 * p
+    assert bf16.phases["forward_peak"] - mixed.phases["forward_peak"] == 2 * p
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"zero": 1}, "zero"),
+        ({"recipe": "bf16-pure"}, "recipe"),
+        ({"optimizer": "adam8bit"}, "optimizer"),
+        ({"offload_optimizer": True}, "offload_optimizer"),
+        ({"tp": 2}, "tp/pp"),
+    ],
+)
+def test_megatron_refusals(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(vm.InputError, match=f"^{field}: "):
+        vm.estimate(vm.Setup(vm.load_model("llama-7b"), engine="megatron", gpus=8, **changes))

@@ -37,6 +37,7 @@ def test_the_table_is_well_formed() -> None:
         "weights",
         "gradients",
         "ddp_buckets",  # resident gradient buffers (the gradients, as bucket views)
+        "main_grads",  # Megatron's resident gradient buffer (the gradients)
         "master",
         "optimizer",
         "quant_constants",

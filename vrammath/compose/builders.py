@@ -54,6 +54,8 @@ def state(key: str) -> Builder:
             return None
         if key == "gradients" and ctx.setup.bucket_view:  # views of DDP's buckets
             return None
+        if key == "gradients" and ctx.setup.engine == "megatron":  # in its main_grad buffer
+            return None
         return ctx.model_states[key]
 
     return build

@@ -196,8 +196,9 @@ class Setup:
         "hf",
         "--engine",
         "whose per-rank rules apply: hf (the Hugging Face loop; --zero as DeepSpeed's flat "
-        "partition), zero1-torch (PyTorch's ZeroRedundancyOptimizer, ZeRO-1 by whole tensors) "
-        "or ddp (DistributedDataParallel: gradient buckets)",
+        "partition), zero1-torch (PyTorch's ZeroRedundancyOptimizer, ZeRO-1 by whole tensors), "
+        "ddp (DistributedDataParallel: gradient buckets) or megatron (Megatron-Core: a resident "
+        "main_grad buffer in the recipe's gradient dtype, copied to fp32 in the step if 16-bit)",
         choices=ENGINES,
     )
     bucket_view: bool = declared(

@@ -89,7 +89,7 @@ from vrammath.compose.builders import (
     weights,
     weights_label,
 )
-from vrammath.compose.engines import ddp_buckets, ddp_note
+from vrammath.compose.engines import ddp_buckets, ddp_note, main_grad_buffer, main_grad_copies
 from vrammath.compose.rows import (
     ShardGroup,
     Term,
@@ -135,6 +135,15 @@ TERMS: tuple[Term, ...] = (
         group="weights",  # resident from construction: with the weights in every phase
         live="resident",
         note=ddp_note,
+    ),
+    Term(
+        key="main_grads",
+        label="Megatron main_grad buffer",
+        device="gpu",
+        builder=main_grad_buffer,
+        group="weights",  # resident from construction: with the weights in every phase
+        live="resident",
+        note="the gradients: zeroed, not freed, between iterations",
     ),
     Term(
         key="master",
@@ -319,6 +328,15 @@ TERMS: tuple[Term, ...] = (
         group="outputs",
         live="resident",
         note="logits + loss, until the next forward rebinds the output",
+    ),
+    Term(
+        key="main_grad_copies",
+        label="fp32 copies of the 16-bit main_grads",
+        device="gpu",
+        builder=main_grad_copies,
+        group="temporaries",
+        live="step",
+        note="the step's master gradients, main_grad.float()",
     ),
     Term(
         key="step_temporaries",

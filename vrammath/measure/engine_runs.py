@@ -15,6 +15,8 @@ storage once). The engines:
   (``megatron/core/distributed/param_and_grad_buffer.py``; ``--bf16`` forces
   ``accumulate_allreduce_grads_in_fp32``): a persistent fp32 ``main_grad`` per parameter, filled by
   a post-accumulate-grad hook (``main_grad.add_(grad); grad = None``) and zeroed, not freed.
+* ``megatron-bf16-grad``: the same with a bf16 buffer (Megatron's ``--grad-reduce-in-bf16``): the
+  step's ``main_param.grad = model_param.main_grad.float()`` is then an fp32 copy.
 * ``zero1-zro``: fp32 model, ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW, foreach).
 * ``zero1-zro-master``: ``megatron-copy`` whose inner optimizer is a ZeroRedundancyOptimizer.
 * ``zero2-fsdp``: FSDP2 ``fully_shard(reshard_after_forward=False)`` with
@@ -103,7 +105,8 @@ def _engine(recipe: str, zero: int, dtype: str, **extra: Any) -> dict[str, Any]:
 
 ENGINES: dict[str, dict[str, Any]] = {
     "megatron-copy": _engine("bf16-mixed", 0, "bf16"),
-    "megatron-main-grad": _engine("bf16-megatron", 0, "bf16"),
+    "megatron-main-grad": _engine("bf16-megatron", 0, "bf16", profile="megatron"),
+    "megatron-bf16-grad": _engine("bf16-mixed", 0, "bf16", profile="megatron"),
     "zero1-zro": _engine("fp32", 1, "fp32", profile="zero1-torch"),
     "zero1-zro-master": _engine("bf16-mixed", 1, "bf16", profile="zero1-torch"),
     "zero2-fsdp": _engine("bf16-mixed", 2, "fp32"),
@@ -137,15 +140,19 @@ class Float16MasterOptimizer:
 
     Follows ``megatron/core/optimizer/optimizer.py`` (``Float16OptimizerWithFloat16Params``,
     ``_copy_model_grads_to_main_grads``, ``_copy_main_params_to_model_params``) with one rank and
-    no loss scaling (bf16). With ``main_grad=True`` each parameter gets a persistent fp32
-    ``main_grad`` view of one flat buffer, as Megatron's DDP grad buffer
-    (``param_and_grad_buffer.py``) with ``accumulate_allreduce_grads_in_fp32``; the backward hook
-    adds the bf16 gradient into it and frees it. ``make_inner`` builds the optimizer over the
+    no loss scaling (bf16). With ``grad_buffer`` ("fp32" or "bf16") each parameter gets a
+    persistent ``main_grad`` view of one flat buffer of that dtype, as Megatron's DDP grad buffer
+    (``param_and_grad_buffer.py``; fp32 with ``accumulate_allreduce_grads_in_fp32``); the
+    backward hook adds the bf16 gradient into it and frees it. ``make_inner`` builds the optimizer over the
     masters (AdamW, or a ZeroRedundancyOptimizer for ZeRO-1).
     """
 
     def __init__(
-        self, params: list[Any], make_inner: Callable[[list[Any]], Any], *, main_grad: bool
+        self,
+        params: list[Any],
+        make_inner: Callable[[list[Any]], Any],
+        *,
+        grad_buffer: str | None = None,
     ) -> None:
         import torch
 
@@ -153,11 +160,12 @@ class Float16MasterOptimizer:
         self.masters = [
             torch.nn.Parameter(p.detach().clone().float()) for p in self.params
         ]  # Megatron: main_param = param.detach().clone().float()
-        self.main_grad = main_grad
+        self.main_grad = grad_buffer is not None
         self.buffer = None
-        if main_grad:
+        if grad_buffer is not None:
             numel = sum(p.numel() for p in self.params)
-            self.buffer = torch.zeros(numel, dtype=torch.float32)
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[grad_buffer]
+            self.buffer = torch.zeros(numel, dtype=dtype)
             offset = 0
             for p in self.params:
                 p.main_grad = self.buffer[offset : offset + p.numel()].view(p.shape)
@@ -168,7 +176,7 @@ class Float16MasterOptimizer:
     def step(self) -> None:
         for p, m in zip(self.params, self.masters, strict=True):
             if self.main_grad:
-                m.grad = p.main_grad.float()  # fp32 already: an alias, no copy
+                m.grad = p.main_grad.float()  # an fp32 buffer: an alias; bf16: a copy
             elif p.grad is not None:
                 m.grad = p.grad.float()
             p.grad = None  # Megatron: safe to deallocate the model's grad after copying
@@ -256,7 +264,8 @@ def _build(engine: str, spec: Any, attention: str, mesh: Any) -> dict[str, Any]:
     params = list(net.parameters())
     inner = _zro if engine.startswith("zero1") else _adamw
     if engine.startswith("megatron") or engine == "zero1-zro-master":
-        opt: Any = Float16MasterOptimizer(params, inner, main_grad=engine == "megatron-main-grad")
+        buffers = {"megatron-main-grad": "fp32", "megatron-bf16-grad": "bf16"}
+        opt: Any = Float16MasterOptimizer(params, inner, grad_buffer=buffers.get(engine))
         return {
             "net": net,
             "params": params,

@@ -72,7 +72,10 @@ def estimate_engine(
     out = {
         "parameters": comp("weights", "master"),
         # with gradient_as_bucket_view the gradients are DDP's buckets
-        "gradients": comp("gradients", *(["ddp_buckets"] if cfg.get("bucket_view") else [])),
+        # Megatron's main_grad buffer is its gradients
+        "gradients": comp(
+            "gradients", "main_grads", *(["ddp_buckets"] if cfg.get("bucket_view") else [])
+        ),
         "optimizer": comp("optimizer"),
         "forward_peak": est.phases["forward_peak"],
         "backward_peak": est.phases["backward_peak"],
@@ -124,15 +127,10 @@ EXPLAIN: dict[tuple[str, str], str] = {
     ("megatron-copy", "step_peak"): (
         "+2 bytes/param: the step replaces each bf16 gradient by an fp32 copy on the master "
         "(main_param.grad = grad.float(); grad = None), so gradients are 4 bytes/param during "
-        "the step; vrammath's bf16-mixed keeps them at 2"
-    ),
-    ("megatron-main-grad", "forward_peak"): (
-        "+4 bytes/param: Megatron's fp32 grad buffer is allocated once and zeroed, never freed, "
-        "so it is live in the forward too; vrammath counts gradients from the backward on"
-    ),
-    ("megatron-main-grad", "backward_peak"): (
-        "+4 bytes/param: the persistent fp32 grad buffer is full-size from the backward's start "
-        "(where the peak is); vrammath's gradients grow during the backward"
+        "the step; vrammath's bf16-mixed keeps them at 2. This is Megatron's optimizer over a "
+        "model not wrapped in Megatron's DistributedDataParallel (the gradients in .grad); "
+        "--engine megatron models the wrapped model's main_grad buffer (rows megatron-main-grad, "
+        "megatron-bf16-grad), not this path"
     ),
     ("zero1-zro-master", "step_peak"): (
         "+2 bytes/param: the master wrapper is Megatron's copy (megatron-copy): its step "
@@ -289,7 +287,11 @@ ROWS: list[dict[str, Any]] = [
     # DistributedDataParallel on the other two shapes (every rank holds the same bytes)
     _row("ddp", "tiny-qwen-tied", 1, 256, quick=True),
     _row("ddp-view", "tiny-odd-head", 1, 256, quick=True),
+    # Megatron-Core's grad buffer on the other two shapes, one per buffer dtype
+    _row("megatron-main-grad", "tiny-qwen-tied", 1, 256, quick=True),
+    _row("megatron-bf16-grad", "tiny-odd-head", 1, 256, quick=True),
     _row("megatron-copy", "llama-7b", 1, 512, quick=False),
+    _row("megatron-main-grad", "llama-7b", 1, 512, quick=False),
     _row("zero1-zro", "llama-7b", 1, 512, quick=False),
     _row("zero3-fsdp", "llama-7b", 1, 512, quick=False),
 ]

@@ -49,8 +49,9 @@ Schedule = Literal["1f1b", "interleaved", "dualpipe"]
 Device = Literal["cuda", "cpu"]
 #: The training engine whose per-rank rules apply (``hf``: the single-process Hugging Face loop,
 #: with ``--zero`` as DeepSpeed's flat partition; ``zero1-torch``: ZeroRedundancyOptimizer;
-#: ``ddp``: DistributedDataParallel).
-Engine = Literal["hf", "zero1-torch", "ddp"]
+#: ``ddp``: DistributedDataParallel; ``megatron``: Megatron-Core's DDP grad buffer and
+#: mixed-precision optimizer).
+Engine = Literal["hf", "zero1-torch", "ddp", "megatron"]
 #: the dtype the forward pass runs in
 Precision = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
 #: Korthikanti's parallel variants (none, tensor, tensor + sequence)

@@ -117,7 +117,7 @@ def convention_bytes(
 
 
 #: The ZeRO stage an engine implies (``--engine ddp`` is plain data parallelism, stage 0).
-ENGINE_STAGES = {"zero1-torch": 1, "ddp": 0}
+ENGINE_STAGES = {"zero1-torch": 1, "ddp": 0, "megatron": 0}
 
 
 class EngineFields(Protocol):
@@ -159,7 +159,8 @@ def engine_stage(fields: EngineFields) -> int:
     stage = ENGINE_STAGES.get(engine)
     if stage is None or zero in (0, stage):
         return zero if stage is None else stage
-    raise InputError("zero", f"--engine {engine} is ZeRO stage {stage}", got=zero)
+    why = " (its distributed optimizer is not modelled yet)" if engine == "megatron" else ""
+    raise InputError("zero", f"--engine {engine} is ZeRO stage {stage}{why}", got=zero)
 
 
 def tensor_numels(spec: ModelSpec) -> list[int]:
