@@ -22,11 +22,18 @@ from vrammath.answers.plan import candidates
 from vrammath.answers.sweep import sensitivities, sweep
 from vrammath.cli import main
 from vrammath.compose.engines import counted_rank
+from vrammath.compose.setup import setup_warnings
 from vrammath.measure.build import as_spec
 from vrammath.measure.documents import validation_file
 from vrammath.measure.engine_runs import CONFIGS
 from vrammath.notation.symbols import P_r
-from vrammath.terms.parallel import tensor_numels, zro_partition
+from vrammath.terms.parallel import (
+    flat_kept_gradients,
+    flat_rank_slices,
+    module_order_numels,
+    tensor_numels,
+    zro_partition,
+)
 
 ENGINES_DOC = json.loads(validation_file("engines.json").read_text())
 
@@ -144,7 +151,7 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.count("\n") == 0
     assert err.startswith("vrammath: error: offload_optimizer:")
     assert main(["estimate", "llama-7b", "--engine", "fsdp9"]) == 2
-    assert "must be one of hf, zero1-torch, ddp, megatron" in capsys.readouterr().err
+    assert "must be one of hf, zero1-torch, ddp, megatron, deepspeed" in capsys.readouterr().err
 
 
 def test_ddp_buckets_are_resident_gradients() -> None:
@@ -220,3 +227,97 @@ def test_megatron_grad_buffer_is_resident() -> None:
 def test_megatron_refusals(changes: dict[str, object], field: str) -> None:
     with pytest.raises(vm.InputError, match=f"^{field}: "):
         vm.estimate(vm.Setup(vm.load_model("llama-7b"), engine="megatron", gpus=8, **changes))
+
+
+def test_deepspeed_keeps_whole_gradients_of_its_range() -> None:
+    # tiny-llama: P = 2,524,416 on 8 ranks, 315,552 each; the embedding (2048 x 256 = 524,288)
+    # spans ranks 0 and 1, lm_head the last two: those ranks keep a whole 524,288-element tensor
+    spec = _spec("tiny-llama")
+    kept = flat_kept_gradients(module_order_numels(spec), 8)
+    assert kept[0] == kept[7] == 524_288
+    for row in ENGINES_DOC["rows"]:  # the measured rows: 2 bytes a kept element
+        if row["engine"].startswith("deepspeed-zero") and row["zero"] in (1, 2):
+            spec = _spec(row["model"])
+            setup = vm.Setup(spec, engine="deepspeed", zero=row["zero"], gpus=8, rank=row["rank"])
+            assert 2 * counted_rank(setup)[1] == row["states"]["gradients"], row["id"]
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=10**5), min_size=1, max_size=40),
+    st.integers(min_value=1, max_value=16),
+)
+def test_flat_slices_properties(numels: list[int], world: int) -> None:
+    slices = flat_rank_slices(numels, world)
+    # every element is inside exactly one range; the ranges are equal, the padding at the end
+    total, size = sum(numels), -(-sum(numels) // (2 * world)) * 2
+    assert sum(inside for mine in slices for _, inside in mine) == total
+    for r, mine in enumerate(slices):
+        assert sum(i for _, i in mine) == max(0, min(size, total - r * size))
+    kept = flat_kept_gradients(numels, world)
+    assert all(k >= sum(i for _, i in mine) for k, mine in zip(kept, slices, strict=True))
+
+
+def test_deepspeed_step_and_bucket() -> None:
+    spec = vm.load_model("llama-7b")
+    base = {"zero": 2, "gpus": 4, "seq_len": 512}
+    est = vm.estimate(vm.Setup(spec, engine="deepspeed", **base))
+    # the 7B page's ZeRO-2 on 4 GPUs, under DeepSpeed: 5e8 bf16 elements of reduce bucket
+    assert est.component("reduce_bucket").bytes == 10**9
+    smaller = vm.estimate(vm.Setup(spec, engine="deepspeed", reduce_bucket_size=10**6, **base))
+    assert est.phases["backward_peak"] - smaller.phases["backward_peak"] == 2 * (5 * 10**8 - 10**6)
+    # the step: fp32 gradient partition (4 ps) + foreach AdamW's (4 ps), the kept grads freed
+    ps = 6_738_415_616 // 4
+    kept = counted_rank(est.setup)[1]
+    step = est.component("deepspeed_step").bytes
+    assert step == max(8 * ps - 2 * kept, 6 * ps)
+    assert est.phases["step_peak"] == 2 * 6_738_415_616 + 12 * ps + 2 * kept + step
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"zero": 3}, "zero"),
+        ({"zero": 0}, "zero"),
+        ({"recipe": "fp32"}, "recipe"),
+        ({"optimizer": "adafactor"}, "optimizer"),
+        ({"offload_optimizer": True}, "offload_optimizer"),
+        ({"shard": "dim0"}, "shard"),
+        ({"tp": 2}, "tp/pp"),
+    ],
+)
+def test_deepspeed_refusals(changes: dict[str, object], field: str) -> None:
+    setup = {"engine": "deepspeed", "gpus": 8, "zero": 2} | changes
+    with pytest.raises(vm.InputError, match=f"^{field}: "):
+        vm.estimate(vm.Setup(vm.load_model("llama-7b"), **setup))
+
+
+def test_reduce_bucket_size_needs_deepspeed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(vm.InputError, match="^reduce_bucket_size: is read only by --engine"):
+        vm.Setup(vm.load_model("llama-7b"), zero=2, gpus=8, reduce_bucket_size=10**6)
+    args = ["estimate", "llama-7b", "--engine", "deepspeed", "--zero", "2", "--gpus", "4"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rank"]["index"] == 1
+    assert data["rank"]["busiest"]
+    assert (
+        data["rank"]["gradient_params"]
+        == counted_rank(vm.Setup(vm.load_model("llama-7b"), engine="deepspeed", zero=2, gpus=4))[1]
+    )
+    setup = vm.Setup(vm.load_model("llama-7b"), engine="deepspeed", zero=2, gpus=8)
+    sol = fewest_gpus(vm.estimate(setup), budget("A100-80GB"))
+    assert sol.method == "search"
+    assert sol.value is not None
+
+
+def test_deepspeed_fp16_follows_bf16_with_a_warning() -> None:
+    spec = vm.load_model("llama-7b")
+    setups = [
+        vm.Setup(spec, recipe=r, engine="deepspeed", zero=2, gpus=4)
+        for r in ("bf16-mixed", "fp16-mixed")
+    ]
+    bf16, fp16 = (vm.estimate(x) for x in setups)
+    assert bf16.phases == fp16.phases
+    assert setup_warnings(setups[1]) == (
+        "--engine deepspeed: fp16-mixed follows its bf16 rules, not measured in fp16",
+    )
+    assert setup_warnings(setups[0]) == ()

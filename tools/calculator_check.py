@@ -40,11 +40,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from vrammath.browser import argv_for, run
-from vrammath.compose.setup import SHARDS
 from vrammath.model.presets import load_gpus, load_model, model_names
 from vrammath.notation.units import fmt_gb
 from vrammath.notation.vocab import (
     ATTENTIONS,
+    ENGINES,
     IMPLEMENTATIONS,
     ITERATIONS,
     KV_DTYPES,
@@ -53,6 +53,7 @@ from vrammath.notation.vocab import (
     RECIPE_NAMES,
     RECOMPUTES,
     SERVE_WEIGHTS,
+    SHARDS,
 )
 
 PAGE = "calculator.html"
@@ -141,6 +142,14 @@ def random_training(rng: random.Random) -> dict[str, Any]:
         kw["shard"] = rng.choice(SHARDS)
     if rng.random() < 0.2:
         kw["keep_outputs"] = True
+    if rng.random() < 0.25:  # an engine's own rules, with the fields only it reads
+        kw["engine"] = rng.choice(ENGINES)
+        if kw["engine"] in ("zero1-torch", "deepspeed") and rng.random() < 0.5:
+            kw["rank"] = rng.randint(0, kw["gpus"])  # gpus itself is refused by name
+        if kw["engine"] == "ddp" and rng.random() < 0.5:
+            kw["bucket_view"] = True
+        if kw["engine"] == "deepspeed" and rng.random() < 0.5:
+            kw["reduce_bucket_size"] = rng.choice((10**6, 2 * 10**8, rng.randint(1, 10**9)))
     return kw
 
 

@@ -193,3 +193,8 @@ def test_deepspeed_zero2_states_and_bucket() -> None:
     temp = result["steady"]["backward"]["peak"]["Temp"]
     assert 10**9 <= temp < 10**9 + 2 * P
     assert abs(meas["forward_peak"] - est["forward_peak"]) < SLACK
+    # --engine deepspeed: rank 0 keeps the whole embedding's gradient (524,288 > P/N elements)
+    assert meas["gradients"] == est["gradients"] == 2 * 2048 * 256
+    # the step's peak is the fp64 norm of its one slice (the partition lies in the embedding)
+    assert abs(meas["step_peak"] - est["step_peak"]) < SLACK
+    assert abs(meas["backward_peak"] - est["backward_peak"]) < 0.002 * meas["backward_peak"]

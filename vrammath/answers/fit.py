@@ -37,6 +37,7 @@ from vrammath.answers.budget import (
 from vrammath.answers.inverse import SEARCH_CAP, Method, Solution, largest, smallest
 from vrammath.answers.plan import Plan, cheapest_fit, checked_setup, plan_label
 from vrammath.answers.report import estimate_dict, estimate_table
+from vrammath.compose.engines import RANKED_ENGINES
 from vrammath.compose.estimate import Estimate, estimate
 from vrammath.compose.setup import Setup, with_changes
 from vrammath.notation.errors import InputError, warn_context
@@ -173,7 +174,7 @@ def fewest_gpus(est: Estimate, budget: Budget | None = None, *, multiple_of: int
     (True, True)
     """
     est, bud = _checked(est, budget)
-    if est.setup.engine == "zero1-torch":
+    if est.setup.engine in RANKED_ENGINES:
         return _fewest_by_partition(est, bud, multiple_of)
     sol = smallest(
         gpu_terms(est), est.values, N_d, bud.usable, multiple_of=multiple_of, question="fewest GPUs"
@@ -182,8 +183,8 @@ def fewest_gpus(est: Estimate, budget: Budget | None = None, *, multiple_of: int
 
 
 def _fewest_by_partition(est: Estimate, bud: Budget, step: int) -> Solution:
-    """:func:`fewest_gpus` under ``--engine zero1-torch``: the busiest rank's share ``P_r`` is a
-    whole-tensor partition, no expression in ``N_d``, so each candidate is estimated afresh
+    """:func:`fewest_gpus` under ``--engine zero1-torch`` or ``deepspeed``: the busiest rank's
+    share ``P_r`` is made of whole tensors, no expression in ``N_d``, so each candidate is estimated afresh
     (doubling, then bisection; memory falls as ranks are added). Past one rank per tensor the
     share is the largest tensor and nothing changes: the search stops there."""
     setup = est.setup

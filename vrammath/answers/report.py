@@ -18,7 +18,7 @@ import functools
 
 import sympy
 
-from vrammath.compose.engines import counted_rank
+from vrammath.compose.engines import DEEPSPEED_REDUCE_BUCKET, RANKED_ENGINES, counted_rank
 from vrammath.compose.estimate import Estimate
 from vrammath.model.params import param_count
 from vrammath.notation.fields import field_values
@@ -67,14 +67,10 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     if setup.model.experts is not None:
         out["moe"] = moe_dict(est)
     out["engine"] = engine_line(est)
-    if setup.engine == "zero1-torch":
+    if setup.engine in RANKED_ENGINES:
         index, owned = counted_rank(setup)
-        out["rank"] = {
-            "index": index,
-            "of": setup.gpus,
-            "busiest": setup.rank is None,
-            "optimizer_params": owned,
-        }
+        what = "optimizer_params" if setup.engine == "zero1-torch" else "gradient_params"
+        out["rank"] = {"index": index, "of": setup.gpus, "busiest": setup.rank is None, what: owned}
     return out
 
 
@@ -97,6 +93,15 @@ def engine_line(est: Estimate) -> str | None:
             f"engine: ZeroRedundancyOptimizer; rank {index} of {setup.gpus} ({which}) owns the "
             f"optimizer states of {owned:,} of {param_count(setup.model):,} parameters "
             "(whole tensors)"
+        )
+    if setup.engine == "deepspeed":
+        index, kept = counted_rank(setup)
+        which = "the busiest" if setup.rank is None else "--rank"
+        size = setup.reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET
+        return (
+            f"engine: DeepSpeed ZeRO-{setup.zero}; rank {index} of {setup.gpus} ({which}) keeps "
+            f"the whole gradients of {kept:,} of {param_count(setup.model):,} parameters (the "
+            f"tensors overlapping its flat range); reduce bucket {size:,} elements"
         )
     if setup.engine == "ddp":
         view = ", the gradients are views of them" if setup.bucket_view else ""

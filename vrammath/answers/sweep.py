@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 
 from vrammath.answers.budget import active_branch, branches, exact_bytes, gpu_terms, symbol_named
+from vrammath.compose.engines import RANKED_ENGINES
 from vrammath.compose.estimate import Estimate
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import N_d, P_r, b, p, s, t
@@ -216,8 +217,8 @@ def _knobs(est: Estimate, knobs: object) -> list[sympy.Symbol]:
 
 
 def _partitioned(est: Estimate, symbol: sympy.Symbol) -> bool:
-    # under zero1-torch the rank's share P_r is a whole-tensor partition fixed by N_d
-    return est.setup.engine == "zero1-torch" and symbol in (N_d, P_r)
+    # under zero1-torch and deepspeed the rank's share P_r is made of whole tensors, fixed by N_d
+    return est.setup.engine in RANKED_ENGINES and symbol in (N_d, P_r)
 
 
 def _named(est: Estimate, field: str, items: Iterable[object]) -> list[sympy.Symbol]:
@@ -227,8 +228,8 @@ def _named(est: Estimate, field: str, items: Iterable[object]) -> list[sympy.Sym
         if _partitioned(est, sym):
             raise InputError(
                 field,
-                f"{sym} cannot vary under --engine zero1-torch (the rank's share P_r is a "
-                "partition of whole tensors, no expression in N_d): estimate each --gpus",
+                f"{sym} cannot vary under --engine {est.setup.engine} (the rank's share P_r is "
+                "made of whole tensors, no expression in N_d): estimate each --gpus",
                 got=str(sym),
             )
     return out

@@ -21,13 +21,18 @@ from vrammath.terms.korthikanti.dense import korthikanti_first_stage_bytes
 from vrammath.terms.lora.adapters import lora_activation_layer_expr, lora_step_temp_expr
 from vrammath.terms.lora.quant import dequant_buffer_expr
 from vrammath.terms.moe.params import ep_layer_param_expr
+from vrammath.terms.parallel import flat_padded_params
 from vrammath.terms.states import optimizer_step_temp_expr, step_temporaries_expr
 
 # --- full fine-tuning: the model's own states ---------------------------------------------------
 
 
 def weights(ctx: Context) -> sympy.Expr:
-    return ctx.frozen_base["weights"] if ctx.lora else ctx.model_states["weights"]
+    if ctx.lora:
+        return ctx.frozen_base["weights"]
+    if ctx.setup.engine == "deepspeed":  # its flat 16-bit buffer holds them, padded
+        return ctx.model_states["weights"].xreplace({P: flat_padded_params()})
+    return ctx.model_states["weights"]
 
 
 def groups_note(ctx: Context) -> str:
@@ -203,8 +208,10 @@ def logits_loss_note(ctx: Context) -> str:
 # --- the optimizer step -------------------------------------------------------------------------
 
 
-def step_temporaries(ctx: Context) -> sympy.Expr:
+def step_temporaries(ctx: Context) -> sympy.Expr | None:
     s = ctx.setup
+    if s.engine == "deepspeed":  # its step row holds the optimizer's (engines.deepspeed_step)
+        return None
     if s.lora_rank is not None:
         return lora_step_temp_expr(
             s.model,

@@ -38,8 +38,15 @@ from vrammath.compose.rows import Context, Group, Term
 from vrammath.compose.setup import Setup
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
-from vrammath.notation.symbols import P
-from vrammath.terms.parallel import tensor_numels, zro_partition
+from vrammath.notation.symbols import N_d, P, P_r
+from vrammath.terms.parallel import (
+    flat_padded_params,
+    flat_rank_slices,
+    module_order_numels,
+    tensor_numels,
+    zro_partition,
+)
+from vrammath.terms.states import step_temporaries_expr
 
 #: The groups ``ZeroRedundancyOptimizer`` splits: its inner optimizer's states and the step's
 #: temporaries (``step`` runs the inner optimizer on the rank's own parameters only).
@@ -51,10 +58,31 @@ def _partition(spec: ModelSpec, world: int) -> tuple[int, ...]:
     return zro_partition(tensor_numels(spec), world)
 
 
+@functools.lru_cache(maxsize=256)
+def _slices(spec: ModelSpec, world: int) -> list[list[tuple[int, int]]]:
+    return flat_rank_slices(module_order_numels(spec), world)
+
+
+#: Rows alive from the backward's first gradient hook to its end (the ``bucket`` of
+#: :class:`vrammath.compose.peak.Groups`).
+BACKWARD_BUCKETS = ("reduce_bucket",)
+
+#: The engines whose ranks hold different shares of whole tensors (``P_r``).
+RANKED_ENGINES = ("zero1-torch", "deepspeed")
+
+#: DeepSpeed's default ``reduce_bucket_size`` (elements), ``deepspeed/runtime/zero/config.py``.
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+
+
 def counted_rank(setup: Setup) -> tuple[int, int]:
-    """The rank an estimate counts and the parameters whose optimizer states it owns: the
-    setup's ``rank``, or the busiest (the lowest index among the fullest)."""
-    sizes = _partition(setup.model, setup.gpus)
+    """The rank an estimate counts and its share ``P_r``: the parameters whose optimizer states
+    it owns (``zero1-torch``) or whose whole gradients it keeps (``deepspeed``); the setup's
+    ``rank``, or the busiest (the lowest index among the fullest)."""
+    world = setup.gpus
+    if setup.engine == "deepspeed":
+        sizes = tuple(sum(n for n, _ in mine) for mine in _slices(setup.model, world))
+    else:
+        sizes = _partition(setup.model, world)
     rank = sizes.index(max(sizes)) if setup.rank is None else setup.rank
     return rank, sizes[rank]
 
@@ -62,10 +90,26 @@ def counted_rank(setup: Setup) -> tuple[int, int]:
 def sharded_stage(setup: Setup, term: Term) -> int:
     """The ZeRO stage a row is divided by under the setup's engine: the setup's own, except
     under ``zero1-torch``, which splits only :data:`ZRO_GROUPS` (its masters stay whole: they
-    are the parameters the optimizer updates, which every rank keeps)."""
+    are the parameters the optimizer updates, which every rank keeps), and under ``deepspeed``,
+    whose stage 1 keeps the gradients of its share as stage 2 does."""
     if setup.engine == "zero1-torch":
         return setup.zero if term.group in ZRO_GROUPS else 0
+    if setup.engine == "deepspeed" and term.key == "gradients":
+        return 2
     return setup.zero
+
+
+def own_share(setup: Setup, term: Term) -> sympy.Expr | None:
+    """``P_r`` where a row holds a rank's share of whole tensors instead of ``P / N_d``: every
+    split row of ``zero1-torch``; DeepSpeed's gradients, kept whole for every tensor that
+    overlaps the rank's flat range (:func:`vrammath.terms.parallel.flat_kept_gradients`); and
+    DeepSpeed's other split rows, ``2 ceil(P / (2 N_d))``: its flat buffer is padded to a
+    multiple of twice the ranks (``nccl_start_alignment_factor``) before it is cut."""
+    if setup.engine == "zero1-torch" or (setup.engine == "deepspeed" and term.key == "gradients"):
+        return P_r
+    if setup.engine == "deepspeed":  # the flat buffer is padded to a multiple of 2 N_d
+        return flat_padded_params() / N_d
+    return None
 
 
 def ddp_buckets(ctx: Context) -> sympy.Expr | None:
@@ -116,6 +160,59 @@ def main_grad_copies(ctx: Context) -> sympy.Expr | None:
     return 4 * P
 
 
+def reduce_bucket(ctx: Context) -> sympy.Expr | None:
+    """DeepSpeed ZeRO-1/2's reduce bucket: ``reduce_bucket_size`` elements in the gradients'
+    dtype, whatever the model's size, allocated at the backward's first gradient hook and
+    released at its end; each gradient is copied into it and reduced from it.
+
+    Source: ``deepspeed/runtime/zero/stage_1_and_2.py``, ``DeepSpeedZeroOptimizer``
+    (``reduce_independent_p_g_buckets_and_remove_grads`` fills ``self.ipg_buffer``, made of
+    ``reduce_bucket_size`` elements; ``_release_ipg_buffers`` drops it). Measured:
+    ``validation/engines.json``, rows ``deepspeed-zero1`` and ``deepspeed-zero2``.
+    """
+    s = ctx.setup
+    if s.engine != "deepspeed":
+        return None
+    size = DEEPSPEED_REDUCE_BUCKET if s.reduce_bucket_size is None else s.reduce_bucket_size
+    return sympy.Integer(size * ctx.recipe.gradients)
+
+
+def deepspeed_step(ctx: Context) -> sympy.Expr | None:
+    """DeepSpeed ZeRO-1/2's step on one rank, beyond the kept gradients: the largest of three
+    moments, with ``ps`` the partition (:func:`vrammath.terms.parallel.flat_padded_params` over
+    ``N_d``):
+
+    * the gradient norm: each kept gradient's slice of the partition cast to fp64 in turn
+      (``get_grad_norm_direct``; ``get_norm_dtype`` is fp64 where the device has it): 8 bytes
+      times the largest slice;
+    * the flat fp32 gradient of the partition (``single_grad_partition``, 4 ps) made from the
+      slices flattened in 16 bits, a copy (2 ps) unless the partition lies inside one tensor;
+    * the optimizer's own step on the one fp32 partition tensor (``step_temporaries_expr`` with
+      ``ps`` elements, the largest ``ps``) beside the 4 ps fp32 gradient, after
+      ``free_grad_in_param_list`` has dropped the kept gradients (minus ``2 P_r``).
+
+    fp16 runs the same optimizer; its loss scaler's overflow check
+    (``has_overflow_partitioned_grads_serial``) adds one slice at a time in fp32, under the
+    norm's fp64, so the same rule stands, unmeasured: DeepSpeed's CPU accelerator refuses fp16
+    ("Type fp16 is not supported on your device"), and the estimate warns.
+
+    Source: ``deepspeed/runtime/zero/stage_1_and_2.py``, ``DeepSpeedZeroOptimizer.step``,
+    ``scaled_global_norm`` and ``get_grad_norm_direct``; ``deepspeed/runtime/zero/utils.py``,
+    ``get_norm_dtype``. Measured (bf16): ``validation/engines.json``, rows ``deepspeed-zero*``.
+    """
+    s = ctx.setup
+    if s.engine != "deepspeed":
+        return None
+    mine = _slices(s.model, s.gpus)[counted_rank(s)[0]]
+    ps = flat_padded_params() / N_d
+    opt = step_temporaries_expr(
+        s.optimizer, s.implementation, ctx.recipe.state, params=ps, largest=ps
+    )
+    copy = 2 * ps if len(mine) > 1 else 0
+    kept = ctx.recipe.gradients * P_r
+    return sympy.Max(8 * max(inside for _, inside in mine), 4 * ps + copy, 4 * ps + opt - kept)
+
+
 def ddp_note(ctx: Context) -> str:
     """The DDP row's note: whether the gradients are views of the buckets."""
     if ctx.setup.bucket_view:
@@ -154,6 +251,17 @@ def check_engine(setup: Setup) -> None:
             ("offload_optimizer", s.offload_optimizer or s.offload_params, True,
              "false (Megatron offloads only with its distributed optimizer, not modelled)"),
         )  # fmt: skip
+    elif s.engine == "deepspeed":
+        refusals += (
+            ("recipe", s.recipe not in ("bf16-mixed", "fp16-mixed"), s.recipe,
+             "bf16-mixed or fp16-mixed (16-bit weights and gradients, fp32 masters: its "
+             "ZeRO-1/2 optimizer)"),
+            ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
+             "adamw, adam, sgd or sgd-momentum (stepped on one flat fp32 partition)"),
+            ("offload_optimizer", s.offload_optimizer, True,
+             "false (ZeRO-Offload's pinned buffers are not modelled yet)"),
+            ("shard", s.shard != "flat", s.shard, "flat (DeepSpeed's flat buffer)"),
+        )  # fmt: skip
     else:  # zero1-torch: its step runs the inner optimizer on whole tensors
         refusals += (
             ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
@@ -169,13 +277,19 @@ def check_engine(setup: Setup) -> None:
 
 
 __all__ = [
+    "BACKWARD_BUCKETS",
+    "DEEPSPEED_REDUCE_BUCKET",
     "MEGATRON_RECIPES",
+    "RANKED_ENGINES",
     "ZRO_GROUPS",
     "check_engine",
     "counted_rank",
     "ddp_buckets",
     "ddp_note",
+    "deepspeed_step",
     "main_grad_buffer",
     "main_grad_copies",
+    "own_share",
+    "reduce_bucket",
     "sharded_stage",
 ]

@@ -25,7 +25,14 @@ from functools import cached_property
 
 import sympy
 
-from vrammath.compose.engines import check_engine, counted_rank, sharded_stage
+from vrammath.compose.engines import (
+    BACKWARD_BUCKETS,
+    RANKED_ENGINES,
+    check_engine,
+    counted_rank,
+    own_share,
+    sharded_stage,
+)
 from vrammath.compose.moe_stage import stage_copies
 from vrammath.compose.peak import PHASES, Groups, hf_phase_peaks, korthikanti_phase_peaks
 from vrammath.compose.rows import (
@@ -200,7 +207,7 @@ def _values(ctx: Context) -> dict[sympy.Symbol, int]:
         values |= expert_values(setup.model, setup.ep)
     if setup.korthikanti_moe:  # the busiest pipeline rank of vrammath.terms.moe.layout
         values |= ctx.moe_values
-    if setup.engine == "zero1-torch":
+    if setup.engine in RANKED_ENGINES:
         values[P_r] = counted_rank(setup)[1]
     return values
 
@@ -223,8 +230,8 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     dim0: sympy.Expr | None = None
     if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
         dim0 = dim0_shard_params(setup.model)
-    elif setup.engine == "zero1-torch":
-        dim0 = P_r  # the rank's own tensors (vrammath.compose.engines)
+    else:
+        dim0 = own_share(setup, term)  # the rank's own tensors (vrammath.compose.engines)
     replica = ep_replica_params() if setup.ep > 1 else None
     zero = sharded_stage(setup, term)
     out = per_rank(term, expr, zero=zero, offloaded=offloaded, dim0=dim0, replica=replica)
@@ -242,6 +249,7 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
                 if term.device == "gpu"
                 and term.group == group
                 and (term.live == "backward") == backward_only
+                and term.key not in BACKWARD_BUCKETS
             )
         )
 
@@ -249,8 +257,9 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
         total(g) for g in GROUPS
     )
     reduce = total("in-flight", backward_only=True)
+    bucket = sympy.Add(*(e for term, e in built if term.key in BACKWARD_BUCKETS))
     return Groups(
-        weights, optimizer, gradients, activations, temporaries, in_flight, reduce, outputs
+        weights, optimizer, gradients, activations, temporaries, in_flight, reduce, outputs, bucket
     )
 
 

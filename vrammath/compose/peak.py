@@ -78,7 +78,8 @@ class Groups:
     layers, a dequantized matrix), ``reduce`` what only backward adds (one layer's unsharded
     gradients before the reduce-scatter) and ``outputs`` the model output the training loop
     keeps (logits + loss, :func:`vrammath.compose.builders.kept_outputs`; 0 for a loop that keeps the loss
-    only).
+    only); ``bucket`` what lives from the backward's first gradient hook to its end, beside
+    every tensor the forward left (DeepSpeed's reduce bucket).
     """
 
     weights: sympy.Expr
@@ -89,6 +90,7 @@ class Groups:
     in_flight: sympy.Expr
     reduce: sympy.Expr
     outputs: sympy.Expr = sympy.S.Zero
+    bucket: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
@@ -241,7 +243,9 @@ def hf_phase_peaks(
     * ``backward_peak`` = the larger of the start of backward, W + O + A + 8sbV (the gradients of
       the log-softmax output and input), and its end, W + O + G + the embedding's gradient
       transient (a CPU accumulates a 16-bit embedding gradient in fp32, 4Vh; CUDA does not) + R,
-      or a layer's attention backward: with eager attention and full recomputation the top or
+      or a layer's attention backward; a bucket (``groups.bucket``) is added to each of these
+      after the first gradient hook, and to the end of the forward (W + O + A + bucket: every
+      forward tensor is still alive when the first hook allocates it); with eager attention and full recomputation the top or
       the bottom layer recomputed (:func:`~vrammath.terms.activations.peaks.hf_checkpointed_backward_bytes`),
       without recomputation the top layer
       (:func:`~vrammath.terms.activations.peaks.hf_top_layer_backward_bytes`), each with the weight
@@ -285,7 +289,7 @@ def hf_phase_peaks(
         groups.temporaries,
         groups.activations,
     )
-    gathered, reduce_buffer = groups.in_flight, groups.reduce
+    gathered, reduce_buffer, bucket = groups.in_flight, groups.reduce, groups.bucket
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     loss = hf_logits_loss_terms(spec, precision)
     c = _compute_bytes(precision)
@@ -366,8 +370,9 @@ def hf_phase_peaks(
         "forward_peak": _peak(*forward_candidates, *in_layers) + gathered,
         "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
-            *(x + gathered for x in in_backward),
-            W + O_before + G + embed_temp + gathered + reduce_buffer,
+            *(x + gathered + bucket for x in in_backward),
+            W + O_before + G + embed_temp + gathered + reduce_buffer + bucket,
+            *([fwd_end + gathered + bucket] if bucket != 0 else []),
         ),
         "step_peak": W + O_ + G + T_opt,
     }
@@ -403,7 +408,7 @@ def korthikanti_phase_peaks(
         W, G = W + G, sympy.Integer(0)  # resident, counted once with the weights
     phases = {
         "forward_peak": W + O_before + A + in_flight,
-        "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight,
+        "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight + groups.bucket,
         "step_peak": W + O_ + G + groups.temporaries,
     }
     return _with_kept_outputs(phases, groups.outputs, iteration)

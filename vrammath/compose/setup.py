@@ -24,7 +24,6 @@ vrammath.notation.errors.InputError: tp: must divide the KV heads (8) as Megatro
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from vrammath.model.presets import gpu
 from vrammath.model.spec import ModelSpec
@@ -44,6 +43,7 @@ from vrammath.notation.vocab import (
     RECIPE_NAMES,
     RECOMPUTES,
     SCHEDULES,
+    SHARDS,
     ActivationModel,
     ActivationPolicyName,
     Attention,
@@ -56,6 +56,7 @@ from vrammath.notation.vocab import (
     Recipe,
     Recompute,
     Schedule,
+    Shard,
     check,
 )
 from vrammath.terms.korthikanti.moe import check_capacity
@@ -63,10 +64,6 @@ from vrammath.terms.lora.linears import adapted_linears, default_targets_refusal
 from vrammath.terms.lora.targets import lora_targets
 from vrammath.terms.moe.params import check_ep, check_ep_optimizer
 from vrammath.terms.parallel import FSDP_STRATEGIES, engine_stage, zero_stage
-
-#: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.compose.rows.per_rank`).
-Shard = Literal["flat", "dim0"]
-SHARDS: tuple[Shard, ...] = ("flat", "dim0")
 
 DEFAULT_TARGETS = ("q", "v")
 #: The boolean fields (checked to be booleans: a JSON "false" string is refused)
@@ -195,11 +192,13 @@ class Setup:
     engine: Engine = declared(
         "hf",
         "--engine",
-        "whose per-rank rules apply: hf (the Hugging Face loop; --zero as DeepSpeed's flat "
-        "partition), zero1-torch (PyTorch's ZeroRedundancyOptimizer, ZeRO-1 by whole tensors), "
-        "ddp (DistributedDataParallel: gradient buckets) or megatron (Megatron-Core: a resident "
-        "main_grad buffer in the recipe's gradient dtype, copied to fp32 in the step if 16-bit)",
+        "whose per-rank rules apply: hf (the Hugging Face loop; --zero as a flat partition), "
+        "zero1-torch (ZeroRedundancyOptimizer), ddp (DistributedDataParallel's buckets), megatron "
+        "(Megatron-Core's main_grad buffer), deepspeed (DeepSpeed ZeRO-1/2's own buffers)",
         choices=ENGINES,
+    )
+    reduce_bucket_size: int | None = declared(
+        None, "--reduce-bucket-size", "ZeRO's bucket (elements, default 5e8)", low=1, high=2**40
     )
     bucket_view: bool = declared(
         False,
@@ -210,8 +209,7 @@ class Setup:
     rank: int | None = declared(
         None,
         "--rank",
-        "the data-parallel rank counted, 0..gpus-1, where ranks differ (--engine zero1-torch; "
-        "default: the busiest)",
+        "the data-parallel rank counted where ranks differ (default: the busiest)",
         low=0,
         high=MAX_COUNT,
     )
@@ -492,6 +490,8 @@ def setup_warnings(setup: Setup) -> tuple[str, ...]:
     ("seq_len 4096 exceeds the model's max_position_embeddings (1024)",)
     """
     out = list(setup.model.context_warnings("seq_len", setup.seq_len))
+    if setup.engine == "deepspeed" and setup.recipe == "fp16-mixed":  # a CPU refuses fp16
+        out.append("--engine deepspeed: fp16-mixed follows its bf16 rules, not measured in fp16")
     if setup.quant is not None and setup.model.experts is not None:
         # transformers 5's bitsandbytes replaces nn.Linear only (vrammath.terms.lora.quant.quantized_tensors)
         out.append(

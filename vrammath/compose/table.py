@@ -89,7 +89,14 @@ from vrammath.compose.builders import (
     weights,
     weights_label,
 )
-from vrammath.compose.engines import ddp_buckets, ddp_note, main_grad_buffer, main_grad_copies
+from vrammath.compose.engines import (
+    ddp_buckets,
+    ddp_note,
+    deepspeed_step,
+    main_grad_buffer,
+    main_grad_copies,
+    reduce_bucket,
+)
 from vrammath.compose.rows import (
     ShardGroup,
     Term,
@@ -303,6 +310,15 @@ TERMS: tuple[Term, ...] = (
         listed=False,
     ),
     Term(
+        key="reduce_bucket",
+        label="DeepSpeed reduce bucket",
+        device="gpu",
+        builder=reduce_bucket,
+        group="in-flight",
+        live="backward",
+        note="reduce_bucket_size elements, from the first gradient hook to the end of backward",
+    ),
+    Term(
         key="activations",
         label=activations_label,
         device="gpu",
@@ -337,6 +353,16 @@ TERMS: tuple[Term, ...] = (
         group="temporaries",
         live="step",
         note="the step's master gradients, main_grad.float()",
+    ),
+    Term(
+        key="deepspeed_step",
+        label="DeepSpeed step transients",
+        device="gpu",
+        builder=deepspeed_step,
+        group="temporaries",
+        live="step",
+        note="largest of: fp64 norm of a gradient slice, flat + fp32 gradient partition, "
+        "fp32 gradient + optimizer temporaries less the freed gradients",
     ),
     Term(
         key="step_temporaries",

@@ -116,8 +116,8 @@ ENGINES: dict[str, dict[str, Any]] = {
     "ddp": _engine("bf16-pure", 0, "bf16", profile="ddp"),
     "ddp-view": _engine("bf16-pure", 0, "bf16", profile="ddp", bucket_view=True),
     "ddp-fp32": _engine("fp32", 0, "fp32", profile="ddp"),
-    "deepspeed-zero1": _engine("bf16-mixed", 1, "bf16"),
-    "deepspeed-zero2": _engine("bf16-mixed", 2, "bf16"),
+    "deepspeed-zero1": _engine("bf16-mixed", 1, "bf16", profile="deepspeed"),
+    "deepspeed-zero2": _engine("bf16-mixed", 2, "bf16", profile="deepspeed"),
     "deepspeed-zero3": _engine("bf16-mixed", 3, "bf16"),
 }
 """Engine -> the vrammath recipe/ZeRO stage it is compared with, the dtype it builds in and,
@@ -340,7 +340,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
     check_choice("engine", engine, list(ENGINES))
     check_choice("loop", loop, LOOPS)
     spec = as_spec(run.model)
-    if rank and ENGINES[engine].get("profile") != "zero1-torch":
+    if rank and ENGINES[engine].get("profile") not in ("zero1-torch", "deepspeed"):
         raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):
         return measure_deepspeed(
@@ -350,6 +350,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
             seq=seq,
             attention=attention,
             ranks=ranks,
+            rank=rank,
             steps=steps,
         )
     fsdp = engine.endswith("fsdp")
@@ -422,9 +423,10 @@ def measure_deepspeed(
     seq: int,
     attention: str,
     ranks: int,
+    rank: int = 0,
     steps: int = 2,
 ) -> dict[str, Any]:
-    """DeepSpeed's ZeRO engine (bf16, torch AdamW foreach) on rank 0 of a fake process group.
+    """DeepSpeed's ZeRO engine (bf16, torch AdamW foreach) on ``rank`` of a fake process group.
 
     DeepSpeed's engine moves the model with ``module.to(device)``, which FakeTensorMode refuses
     ("_apply(): Couldn't swap Embedding.weight"), so this runs on real CPU tensors (small models
@@ -459,7 +461,7 @@ def measure_deepspeed(
             "params": {"lr": 1e-4, "torch_adam": True, "foreach": True},
         },
     }
-    with _fake_process_group(ranks), real_training_masks():
+    with _fake_process_group(ranks, rank), real_training_masks():
         torch.manual_seed(0)
         net = build_model(spec, precision="bf16", attention=attention)
         ids = torch.randint(0, spec.vocab, (batch, seq))

@@ -59,7 +59,7 @@ def estimate_engine(
             offload_params=offload,
             iteration=iteration,
             engine=profile,
-            rank=rank if profile == "zero1-torch" else None,
+            rank=rank if profile in ("zero1-torch", "deepspeed") else None,
             bucket_view=bool(cfg.get("bucket_view")),
         )
 
@@ -176,24 +176,10 @@ EXPLAIN: dict[tuple[str, str], str] = {
 }
 
 
-# DeepSpeed 0.19.8, read in its source and traced storage by storage on these rows; no
-# --engine deepspeed models it yet (the follow-up of issue 24)
+# DeepSpeed 0.19.8, read in its source and traced storage by storage on these rows; stages 1
+# and 2 are --engine deepspeed's (vrammath.compose.engines), stage 3 is not modelled yet
 _DS_BUCKET = (
     "+1e9 bytes: DeepSpeed's IPG bucket, reduce_bucket_size (default 5e8 elements) x 2 bytes"
-)
-_DS_GRADS = (
-    "DeepSpeed's stages 1 and 2 share one code path (runtime/zero/stage_1_and_2.py): rank r "
-    "keeps the whole bf16 gradient of every parameter whose range in the flat buffer overlaps "
-    "its partition (get_partition_info; grads_in_partition with contiguous_gradients) -- rank "
-    "0 the whole embedding, 524,288 elements, more than P/N -- not 2P (ZeRO-1) or 2P/N"
-)
-_DS_IPG_12 = (
-    ", allocated at each backward's first gradient hook (setup_buckets; stage 1 too, as "
-    "contiguous_gradients registers the hooks) and released at its end (_release_ipg_buffers)"
-)
-_DS_NORM = (
-    "the step's peak is the gradient norm (get_grad_norm_direct): each gradient slice of the "
-    "partition cast to fp64 (up to 8 bytes x P/N) beside the kept whole-tensor gradients"
 )
 _DS_STAGE3 = (
     ", allocated when the engine is built (DeepSpeedZeroOptimizer_Stage3.__init__, "
@@ -203,13 +189,6 @@ _DS_STAGE3 = (
 )
 EXPLAIN.update(
     {
-        ("deepspeed-zero1", "gradients"): _DS_GRADS,
-        ("deepspeed-zero2", "gradients"): _DS_GRADS,
-        ("deepspeed-zero1", "backward_peak"): _DS_BUCKET + _DS_IPG_12,
-        ("deepspeed-zero2", "backward_peak"): _DS_BUCKET + _DS_IPG_12,
-        ("deepspeed-zero1", "step_peak"): _DS_NORM
-        + "; vrammath's ZeRO-1 keeps 2P of bf16 gradients through the step",
-        ("deepspeed-zero2", "step_peak"): _DS_NORM + "; vrammath counts 2P/N of gradients",
         ("deepspeed-zero3", "gradients"): (
             "DeepSpeed's stage 3 reduces the gradients into its partitions' flat buffer "
             "(grad_partitions_flat_buffer, 2P/N), allocated when the engine is built "
@@ -290,6 +269,10 @@ ROWS: list[dict[str, Any]] = [
     # Megatron-Core's grad buffer on the other two shapes, one per buffer dtype
     _row("megatron-main-grad", "tiny-qwen-tied", 1, 256, quick=True),
     _row("megatron-bf16-grad", "tiny-odd-head", 1, 256, quick=True),
+    # DeepSpeed ZeRO-1/2: its ranks keep different whole gradients; the last rank and two shapes
+    _row("deepspeed-zero2", "tiny-llama", 1, 256, quick=True, rank=7),
+    _row("deepspeed-zero1", "tiny-qwen-tied", 1, 256, quick=True, rank=7),
+    _row("deepspeed-zero2", "tiny-odd-head", 1, 256, quick=True),
     _row("megatron-copy", "llama-7b", 1, 512, quick=False),
     _row("megatron-main-grad", "llama-7b", 1, 512, quick=False),
     _row("zero1-zro", "llama-7b", 1, 512, quick=False),

@@ -101,7 +101,8 @@ n_ep = _declare(
 P_r = _declare(
     "P_r",
     r"\Psi_r",
-    "parameters whose optimizer states one rank owns (ZeroRedundancyOptimizer's whole tensors)",
+    "a rank's share of whole tensors: whose optimizer states it owns (ZeroRedundancyOptimizer), "
+    "whose gradients it keeps (DeepSpeed ZeRO-1/2)",
 )
 c_f = _declare(
     "c_f", "c_f", "capacity factor: expert buffer rows over the balanced share b s k / E", "ratio"

@@ -50,8 +50,10 @@ Device = Literal["cuda", "cpu"]
 #: The training engine whose per-rank rules apply (``hf``: the single-process Hugging Face loop,
 #: with ``--zero`` as DeepSpeed's flat partition; ``zero1-torch``: ZeroRedundancyOptimizer;
 #: ``ddp``: DistributedDataParallel; ``megatron``: Megatron-Core's DDP grad buffer and
-#: mixed-precision optimizer).
-Engine = Literal["hf", "zero1-torch", "ddp", "megatron"]
+#: mixed-precision optimizer; ``deepspeed``: DeepSpeed's ZeRO-1/2 optimizer).
+Engine = Literal["hf", "zero1-torch", "ddp", "megatron", "deepspeed"]
+#: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.compose.rows.per_rank`).
+Shard = Literal["flat", "dim0"]
 #: the dtype the forward pass runs in
 Precision = Literal["fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"]
 #: Korthikanti's parallel variants (none, tensor, tensor + sequence)
@@ -79,6 +81,7 @@ ITERATIONS: tuple[Iteration, ...] = get_args(Iteration)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 DEVICES: tuple[Device, ...] = get_args(Device)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
+SHARDS: tuple[Shard, ...] = get_args(Shard)
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 PARALLELS: tuple[Parallel, ...] = get_args(Parallel)
 QUANTS: tuple[Quant, ...] = get_args(Quant)
@@ -135,6 +138,7 @@ __all__ = [
     "RECOMPUTES",
     "SCHEDULES",
     "SERVE_WEIGHTS",
+    "SHARDS",
     "ActivationModel",
     "ActivationPolicyName",
     "Attention",
@@ -153,5 +157,6 @@ __all__ = [
     "Recompute",
     "Schedule",
     "ServeWeights",
+    "Shard",
     "check",
 ]

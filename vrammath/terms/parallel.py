@@ -22,11 +22,15 @@ References
 .. [3] Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277.
 .. [4] PyTorch ``torch/distributed/optim/zero_redundancy_optimizer.py``,
    ``ZeroRedundancyOptimizer._partition_parameters`` (torch 2.13).
+.. [5] DeepSpeed ``deepspeed/runtime/zero/stage_1_and_2.py``, ``DeepSpeedZeroOptimizer``:
+   ``get_partition_info``, ``copy_grads_in_partition`` (DeepSpeed 0.19.8).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import sympy
@@ -34,7 +38,7 @@ import sympy
 from vrammath.model.params import size_values, tensors
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
-from vrammath.notation.symbols import K, N_d, P
+from vrammath.notation.symbols import K, L, N_d, P
 
 STAGES = (0, 1, 2, 3)
 FSDP_STRATEGIES = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3}
@@ -133,6 +137,8 @@ class EngineFields(Protocol):
     def rank(self) -> int | None: ...
     @property
     def bucket_view(self) -> bool: ...
+    @property
+    def reduce_bucket_size(self) -> int | None: ...
 
 
 def engine_stage(fields: EngineFields) -> int:
@@ -141,21 +147,35 @@ def engine_stage(fields: EngineFields) -> int:
     fields where the engine does not read them (``rank``, ``bucket_view``).
 
     >>> from types import SimpleNamespace as Fields
-    >>> engine_stage(Fields(engine="zero1-torch", zero=0, gpus=8, rank=None, bucket_view=False))
+    >>> fields = dict(gpus=8, rank=None, bucket_view=False, reduce_bucket_size=None)
+    >>> engine_stage(Fields(engine="zero1-torch", zero=0, **fields))
     1
-    >>> engine_stage(Fields(engine="ddp", zero=2, gpus=8, rank=None, bucket_view=False))
+    >>> engine_stage(Fields(engine="ddp", zero=2, **fields))
     Traceback (most recent call last):
     ...
     vrammath.notation.errors.InputError: zero: --engine ddp is ZeRO stage 0 (got 2)
     """
     engine, zero, gpus = fields.engine, fields.zero, fields.gpus
     rank, bucket_view = fields.rank, fields.bucket_view
-    if rank is not None and engine != "zero1-torch":
-        raise InputError("rank", "is read only where ranks differ (--engine zero1-torch)", rank)
+    if rank is not None and engine not in ("zero1-torch", "deepspeed"):
+        raise InputError(
+            "rank", "is read only where ranks differ (--engine zero1-torch or deepspeed)", rank
+        )
     if rank is not None and rank >= gpus:
         raise InputError("rank", f"must be below --gpus ({gpus})", got=rank)
     if bucket_view and engine != "ddp":
         raise InputError("bucket_view", "is read only by --engine ddp", got=bucket_view)
+    if fields.reduce_bucket_size is not None and engine != "deepspeed":
+        raise InputError(
+            "reduce_bucket_size",
+            "is read only by --engine deepspeed",
+            got=fields.reduce_bucket_size,
+        )
+    if engine == "deepspeed":
+        if zero in (1, 2):
+            return zero
+        why = "1 or 2 (DeepSpeed's stage 3 is not modelled yet)"
+        raise InputError("zero", f"with --engine deepspeed must be {why}", got=zero)
     stage = ENGINE_STAGES.get(engine)
     if stage is None or zero in (0, stage):
         return zero if stage is None else stage
@@ -177,6 +197,117 @@ def tensor_numels(spec: ModelSpec) -> list[int]:
     for t in tensors(spec):
         out += [int(t.numel.xreplace(values))] * int(t.count.xreplace(values))
     return out
+
+
+#: The order transformers registers a layer's top modules in, where it is not the attention, the
+#: MLP, then the norms: GPT-2's blocks and GPT-NeoX's layers put norms first.
+_LAYER_ORDERS = (
+    ("ln_1", "attn", "ln_2", "mlp"),  # GPT-2
+    ("input_layernorm", "post_attention_layernorm", "attention", "mlp"),  # GPT-NeoX
+)
+
+
+def _layer_order(names: list[str]) -> list[int]:
+    """Indices of one layer's tensors in ``model.parameters()`` order: by top module (its
+    registration order, ``_LAYER_ORDERS``), then by module in the order listed, each
+    module's weight before its bias; Phi-3 registers ``o_proj`` before ``qkv_proj``."""
+    paths = [n.rsplit(".", 1)[0] for n in names]
+    first = {p: i for i, p in reversed(list(enumerate(paths)))}
+    tops = {p.split(".")[0] for p in paths}
+    order = next((o for o in _LAYER_ORDERS if tops <= set(o)), ())
+
+    def key(i: int) -> tuple[int, int, int]:
+        top, path = paths[i].split(".")[0], paths[i]
+        module = -1 if path.endswith("o_proj") and "self_attn.qkv_proj" in paths else first[path]
+        return (order.index(top) if order else 0, module, names[i].endswith(".bias"))
+
+    return sorted(range(len(names)), key=key)
+
+
+def module_order_numels(spec: ModelSpec) -> list[int]:
+    """The element count of every parameter tensor in ``model.parameters()`` order: the
+    embeddings, each layer's tensors in turn (in transformers' registration order), the final
+    norm, the head.
+    Flat-buffer engines lay the parameters out in this order, so it decides which tensors
+    straddle a rank's partition; ``tests/measure/test_parameter_order.py`` checks it against
+    transformers' own order for every dense preset it builds.
+
+    >>> from vrammath.model.presets import load_model
+    >>> numels = module_order_numels(load_model("llama-7b"))
+    >>> numels[:3], numels[-2:], sum(numels)
+    ([131072000, 16777216, 16777216], [4096, 131072000], 6738415616)
+    """
+    values = {k: sympy.Integer(v) for k, v in size_values(spec).items()}
+    head: list[int] = []
+    embed: list[int] = []
+    layer: list[tuple[str, int]] = []
+    once: list[int] = []
+    for t in tensors(spec):
+        n = int(t.numel.xreplace(values))
+        if t.component == "head":
+            head.append(n)
+        elif t.component in ("embedding", "positions"):
+            embed.append(n)
+        elif t.count == L:
+            layer.append((t.name, n))
+        elif t.count == 1:
+            once.append(n)
+        else:  # experts and other per-kind counts have no single layer order
+            raise InputError("model", "has tensors outside a plain layer stack", got=spec.name)
+    ordered = [layer[i][1] for i in _layer_order([name for name, _ in layer])]
+    return embed + ordered * int(values[L]) + once + head
+
+
+def flat_padded_params(alignment: int = 2) -> sympy.Expr:
+    """The elements of DeepSpeed's flat 16-bit buffer: ``P`` padded to a multiple of
+    ``alignment * N_d`` (``flatten_dense_tensors_aligned`` with ``nccl_start_alignment_factor``
+    2, reference [5]); each rank's partition is this over ``N_d``.
+
+    >>> flat_padded_params().subs({P: 1695000, N_d: 8})
+    1695008
+    """
+    return alignment * N_d * sympy.ceiling(P / (alignment * N_d))
+
+
+def flat_rank_slices(
+    numels: Sequence[int], world: int, alignment: int = 2
+) -> list[list[tuple[int, int]]]:
+    """Each rank's share of DeepSpeed ZeRO-1/2's flat buffer, tensor by tensor: for every tensor
+    overlapping the rank's range, ``(its whole numel, the elements inside the range)``. The
+    buffer (``numels`` in order, padded to a multiple of ``alignment * world``,
+    :func:`flat_padded_params`) is cut into ``world`` equal ranges (``get_partition_info``,
+    reference [5]), so a tensor straddling two ranges belongs to both.
+
+    >>> flat_rank_slices([10, 3, 3], 2)  # ranges [0, 8) and [8, 16)
+    [[(10, 8)], [(10, 2), (3, 3), (3, 3)]]
+    """
+    ends = list(itertools.accumulate(numels))
+    size = -(-ends[-1] // (alignment * world)) * alignment if ends else 0
+    out: list[list[tuple[int, int]]] = []
+    for r in range(world):
+        lo, hi = r * size, (r + 1) * size
+        mine = []
+        # the first tensor ending past lo, then on while tensors start before hi
+        for i in range(bisect.bisect_right(ends, lo), len(ends)):
+            start = ends[i] - numels[i]
+            if start >= hi:
+                break
+            inside = min(ends[i], hi) - max(start, lo)
+            if inside > 0:
+                mine.append((numels[i], inside))
+        out.append(mine)
+    return out
+
+
+def flat_kept_gradients(numels: Sequence[int], world: int, alignment: int = 2) -> tuple[int, ...]:
+    """Elements of the whole gradients each rank keeps under DeepSpeed ZeRO-1/2: the whole
+    numel of every tensor overlapping its range (:func:`flat_rank_slices`;
+    ``copy_grads_in_partition`` sizes its buffer so, reference [5]).
+
+    >>> flat_kept_gradients([10, 3, 3], 2)
+    (10, 16)
+    """
+    return tuple(sum(n for n, _ in mine) for mine in flat_rank_slices(numels, world, alignment))
 
 
 def zro_partition(numels: Iterable[int], world: int) -> tuple[int, ...]:
@@ -207,6 +338,10 @@ __all__ = [
     "EngineFields",
     "convention_bytes",
     "engine_stage",
+    "flat_kept_gradients",
+    "flat_padded_params",
+    "flat_rank_slices",
+    "module_order_numels",
     "tensor_numels",
     "zero_communication_elements",
     "zero_paper_bytes",
