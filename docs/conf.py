@@ -513,6 +513,35 @@ def drop_nested_documents(app, doctree):  # type: ignore[no-untyped-def]
             node.document = doctree
 
 
+def check_fit_tables(app, exception):  # type: ignore[no-untyped-def]
+    """Fail the build if a verdict table (a "fits" / "fits?" / "GPU fits" column, or cells that
+    say "fits" / "does not fit") has no column naming the engine its verdicts assume: a verdict
+    holds for one engine (vmdocs.fit_cell, vmdocs.engine_cell)."""
+    if exception is not None or app.builder.name != "html":
+        return
+    out = Path(app.outdir)
+    problems = []
+
+    def texts(html: str, tag: str) -> list[str]:
+        cells = re.findall(rf"<{tag}[^>]*>(.*?)</{tag}>", html, re.S)
+        return [re.sub(r"<[^>]+>", "", c).strip().lower() for c in cells]
+
+    for page in sorted(out.rglob("*.html")):
+        if "_modules" in page.parts or "_static" in page.parts:
+            continue
+        for table in re.findall(r"<table.*?</table>", page.read_text(encoding="utf-8"), re.S):
+            head = texts(table, "th")
+            if any("claimed" in c for c in head):  # an audit quotes the source's own verdicts
+                continue
+            verdicts = any(re.search(r"\bfits?\b", c) for c in head) or any(
+                re.fullmatch(r"(fits|does not fit)", c) for c in texts(table, "td")
+            )
+            if verdicts and not any("engine" in c for c in head):
+                problems.append(f"{page.relative_to(out)}: {head}")
+    if problems:
+        raise RuntimeError("verdict tables without an engine column:\n" + "\n".join(problems))
+
+
 def setup(app):  # type: ignore[no-untyped-def]
     app.add_config_value("vrammath_sources_hash", "", "env", types=[str])
     app.connect("config-inited", place_execution_cache, priority=100)
@@ -521,5 +550,6 @@ def setup(app):  # type: ignore[no-untyped-def]
     app.connect("autodoc-process-docstring", unique_footnotes)
     app.connect("build-finished", check_named_setups)
     app.connect("build-finished", check_module_links)
+    app.connect("build-finished", check_fit_tables)
     app.connect("viewcode-follow-imported", follow_aliases_home)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

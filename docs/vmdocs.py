@@ -9,7 +9,9 @@ is shown). Nothing here adds, subtracts or re-derives a memory term.
   records them (``docs/_build/vmdocs-records/<sources hash>/<page>.json``); ``conf.py``'s
   ``build-finished`` hook fails the build if two pages recorded different numbers for one name
   or if they differ from ``vrammath estimate ... --json`` for that setup.
-* :func:`fits_text` -- every "fits / does not fit" sentence, from :meth:`vrammath.Estimate.fits`.
+* :func:`fits_text` -- every "fits / does not fit" sentence, from :meth:`vrammath.Estimate.fits`,
+  with the engine it assumes; :func:`fit_cell` and :func:`engine_cell` -- a verdict table's
+  cells (a table with a "fit" column has an "engine" column: ``conf.py`` checks it).
 * :func:`calculator_link` -- a worked example's link to the calculator, the setup in its fragment.
 """
 
@@ -170,11 +172,27 @@ def context_note(tokens: int, *specs: vm.ModelSpec, serving: bool = False) -> st
 
 
 def fits_text(est: vm.Estimate) -> str:
-    """ "fits" or "does not fit", from :meth:`vrammath.Estimate.fits` (the CLI's comparison)."""
+    """ "fits" or "does not fit", from :meth:`vrammath.Estimate.fits` (the CLI's comparison), and
+    under which engine (:func:`vrammath.engine_name`): a verdict holds for the engine it assumes.
+
+    >>> fits_text(vm.estimate(vm.Setup(vm.load_model("llama-7b"), zero=3, gpus=8, gpu="A100-80GB")))
+    'fits under ZeRO-3 as a flat partition (the plain loop)'
+    """
+    return f"{fit_cell(est, yes='fits', no='does not fit')} under {vm.engine_name(est.setup)}"
+
+
+def fit_cell(est: vm.Estimate, *, yes: str = "yes", no: str = "**no**") -> str:
+    """A table's verdict cell; the table names the engine in a column whose header says
+    "engine" (:func:`engine_cell`; ``conf.py``'s ``check_fit_tables`` fails the build otherwise)."""
     verdict = est.fits()
     if verdict is None:
         raise ValueError("the setup names no GPU")
-    return "fits" if verdict else "does not fit"
+    return yes if verdict else no
+
+
+def engine_cell(setup: vm.Setup) -> str:
+    """The engine column of a verdict table: :func:`vrammath.engine_name`."""
+    return vm.engine_name(setup)
 
 
 def latex(obj: sympy.Basic) -> str:

@@ -321,3 +321,41 @@ def test_deepspeed_fp16_follows_bf16_with_a_warning() -> None:
         "--engine deepspeed: fp16-mixed follows its bf16 rules, not measured in fp16",
     )
     assert setup_warnings(setups[0]) == ()
+
+
+def test_deepspeed_fewest_gpus_goes_past_one_rank_per_tensor() -> None:
+    # LLaMA-7B has 291 tensors; under DeepSpeed the flat partition still shrinks past 291 ranks
+    setup = vm.Setup(vm.load_model("llama-7b"), engine="deepspeed", zero=2, gpus=8, seq_len=512)
+
+    def at(n: int) -> int:
+        return vm.estimate(
+            vm.Setup(setup.model, engine="deepspeed", zero=2, gpus=n, seq_len=512)
+        ).gpu_bytes
+
+    limit = (at(512) + at(1024)) // 2
+    assert at(512) > limit >= at(1024)
+    sol = fewest_gpus(vm.estimate(setup), vm.Budget(limit, reserve_bytes=0))
+    assert sol.value is not None
+    assert 512 < sol.value <= 1024
+    assert at(sol.value) <= limit < at(sol.value - 1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "name"),
+    [
+        ({}, "the plain loop on one GPU"),
+        ({"gpus": 8}, "the plain loop on each GPU"),
+        ({"gpus": 8, "zero": 3}, "ZeRO-3 as a flat partition (the plain loop)"),
+        (
+            {"gpus": 8, "zero": 3, "shard": "dim0"},
+            "ZeRO-3 as FSDP2's dim-0 shards (the plain loop)",
+        ),
+        ({"gpus": 8, "tp": 2, "pp": 4}, "Megatron's TP 2 x PP 4"),
+        ({"gpus": 8, "engine": "deepspeed", "zero": 1}, "DeepSpeed ZeRO-1"),
+        ({"gpus": 8, "engine": "ddp"}, "DistributedDataParallel"),
+    ],
+)
+def test_engine_name_says_which_rules_a_verdict_assumes(
+    changes: dict[str, object], name: str
+) -> None:
+    assert vm.engine_name(vm.Setup(vm.load_model("llama-7b"), **changes)) == name

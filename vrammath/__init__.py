@@ -35,6 +35,7 @@ from vrammath.answers.moe_layouts import (
 from vrammath.answers.plan import Plan, cheapest_fit, recompute_cost
 from vrammath.answers.report import (
     engine_line,
+    engine_name,
     estimate_dict,
     estimate_table,
     serve_dict,
@@ -179,6 +180,7 @@ __all__ = [
     "deepseek_v3_training_memory",
     "dtype_bytes",
     "engine_line",
+    "engine_name",
     "ep_state_bytes",
     "ep_state_exprs",
     "estimate",

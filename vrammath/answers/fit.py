@@ -41,6 +41,7 @@ from vrammath.compose.engines import RANKED_ENGINES
 from vrammath.compose.estimate import Estimate, estimate
 from vrammath.compose.setup import Setup, with_changes
 from vrammath.notation.errors import InputError, warn_context
+from vrammath.notation.fields import MAX_COUNT
 from vrammath.notation.symbols import N_d, b, s
 from vrammath.notation.units import fmt_bytes
 from vrammath.terms.parallel import tensor_numels
@@ -184,11 +185,15 @@ def fewest_gpus(est: Estimate, budget: Budget | None = None, *, multiple_of: int
 
 def _fewest_by_partition(est: Estimate, bud: Budget, step: int) -> Solution:
     """:func:`fewest_gpus` under ``--engine zero1-torch`` or ``deepspeed``: the busiest rank's
-    share ``P_r`` is made of whole tensors, no expression in ``N_d``, so each candidate is estimated afresh
-    (doubling, then bisection; memory falls as ranks are added). Past one rank per tensor the
-    share is the largest tensor and nothing changes: the search stops there."""
+    share ``P_r`` is made of whole tensors, no expression in ``N_d``, so each candidate is
+    estimated afresh (doubling, then bisection; memory falls as ranks are added). Past one rank
+    per tensor ZeroRedundancyOptimizer's share is the largest tensor and nothing changes: the
+    search stops there; DeepSpeed's flat partition goes on shrinking, up to the largest
+    ``--gpus`` a setup takes."""
     setup = est.setup
     cap = len(tensor_numels(setup.model)) * step
+    if setup.engine == "deepspeed":  # its flat partition shrinks on past a rank per tensor
+        cap = MAX_COUNT // step * step
 
     def at(n: int) -> int:
         return estimate(with_changes(setup, gpus=n, rank=None)).gpu_bytes

@@ -20,6 +20,7 @@ import sympy
 
 from vrammath.compose.engines import DEEPSPEED_REDUCE_BUCKET, RANKED_ENGINES, counted_rank
 from vrammath.compose.estimate import Estimate
+from vrammath.compose.setup import Setup
 from vrammath.model.params import param_count
 from vrammath.notation.fields import field_values
 from vrammath.notation.units import fmt_gb, fmt_gib
@@ -72,6 +73,37 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
         what = "optimizer_params" if setup.engine == "zero1-torch" else "gradient_params"
         out["rank"] = {"index": index, "of": setup.gpus, "busiest": setup.rank is None, what: owned}
     return out
+
+
+def engine_name(setup: Setup) -> str:
+    """The engine a setup assumes, in a few words that read after "fits under" (the handbook's
+    verdicts; :func:`engine_line` is the CLI's full line).
+
+    >>> from vrammath.compose.setup import Setup
+    >>> from vrammath.model.presets import load_model
+    >>> engine_name(Setup(load_model("gpt2"), zero=2, gpus=4))
+    'ZeRO-2 as a flat partition (the plain loop)'
+    >>> engine_name(Setup(load_model("gpt2"), engine="deepspeed", zero=2, gpus=4))
+    'DeepSpeed ZeRO-2'
+    """
+    named = {
+        "zero1-torch": "ZeroRedundancyOptimizer",
+        "ddp": "DistributedDataParallel",
+        "megatron": "Megatron-Core's DistributedDataParallel",
+        "deepspeed": f"DeepSpeed ZeRO-{setup.zero}",
+    }
+    if setup.engine in named:
+        return named[setup.engine]
+    megatron = setup.tp > 1 or setup.pp > 1
+    parts = [f"Megatron's TP {setup.tp} x PP {setup.pp}"] if megatron else []
+    if setup.ep > 1:
+        parts.append(f"expert parallelism over {setup.ep}")
+    if setup.zero:
+        layout = "FSDP2's dim-0 shards" if setup.shard == "dim0" else "a flat partition"
+        parts.append(f"ZeRO-{setup.zero} as {layout}")
+    if parts:
+        return ", ".join(parts) + ("" if megatron else " (the plain loop)")
+    return "the plain loop on one GPU" if setup.gpus == 1 else "the plain loop on each GPU"
 
 
 def engine_line(est: Estimate) -> str | None:
@@ -269,4 +301,11 @@ def serve_table(est: ServeEstimate) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["engine_line", "estimate_dict", "estimate_table", "serve_dict", "serve_table"]
+__all__ = [
+    "engine_line",
+    "engine_name",
+    "estimate_dict",
+    "estimate_table",
+    "serve_dict",
+    "serve_table",
+]
