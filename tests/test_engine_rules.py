@@ -263,8 +263,22 @@ def test_deepspeed_step_and_bucket() -> None:
     est = vm.estimate(vm.Setup(spec, engine="deepspeed", **base))
     # the 7B page's ZeRO-2 on 4 GPUs, under DeepSpeed: 5e8 bf16 elements of reduce bucket
     assert est.component("reduce_bucket").bytes == 10**9
+    # 6,738,415,616 parameters > 5e8: the bucket fills and is flushed from a flat copy mid-
+    # backward; the epilogue's last flush copies the remainder, 238,415,616, beside the kept
+    kept_bytes = 2 * counted_rank(est.setup)[1]
+    assert est.component("bucket_flush").bytes == 10**9
+    assert est.component("deepspeed_epilogue").bytes == kept_bytes + 2 * 238_415_616
     smaller = vm.estimate(vm.Setup(spec, engine="deepspeed", reduce_bucket_size=10**6, **base))
-    assert est.phases["backward_peak"] - smaller.phases["backward_peak"] == 2 * (5 * 10**8 - 10**6)
+    assert smaller.component("reduce_bucket").bytes == smaller.component("bucket_flush").bytes
+    assert smaller.component("bucket_flush").bytes == 2 * 10**6
+    assert smaller.phases["backward_peak"] < est.phases["backward_peak"]
+    # ZeRO-1 keeps every 16-bit .grad until the epilogue; after its first flush the kept
+    # gradients are made beside the 2 (P - B) still waiting
+    z1 = vm.estimate(vm.Setup(spec, engine="deepspeed", **(base | {"zero": 1})))
+    kept1 = 2 * counted_rank(z1.setup)[1]
+    waiting = 2 * (6_738_415_616 - 5 * 10**8)
+    assert z1.component("deepspeed_epilogue").bytes == max(2 * 6_738_415_616, waiting + kept1)
+    assert "bucket_flush" not in {c.key for c in z1.components}
     # the step: fp32 gradient partition (4 ps) + foreach AdamW's (4 ps), the kept grads freed
     ps = 6_738_415_616 // 4
     kept = counted_rank(est.setup)[1]

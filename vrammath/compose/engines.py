@@ -36,10 +36,12 @@ import sympy
 
 from vrammath.compose.rows import Context, Group, Term
 from vrammath.compose.setup import Setup
+from vrammath.model.params import param_count
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import N_d, P, P_r
 from vrammath.terms.parallel import (
+    flat_kept_gradients,
     flat_padded_params,
     flat_rank_slices,
     module_order_numels,
@@ -63,9 +65,19 @@ def _slices(spec: ModelSpec, world: int) -> list[list[tuple[int, int]]]:
     return flat_rank_slices(module_order_numels(spec), world)
 
 
-#: Rows alive from the backward's first gradient hook to its end (the ``bucket`` of
-#: :class:`vrammath.compose.peak.Groups`).
-BACKWARD_BUCKETS = ("reduce_bucket",)
+@functools.lru_cache(maxsize=256)
+def _kept(spec: ModelSpec, world: int) -> tuple[int, ...]:
+    return flat_kept_gradients(module_order_numels(spec), world)
+
+
+#: The field of :class:`vrammath.compose.peak.Groups` each row the backward holds apart from the
+#: phase groups fills (``bucket`` from the first gradient hook to the end, ``flush`` before the
+#: end only, ``epilogue`` at the end in place of the gradients).
+BACKWARD_ROWS = {
+    "reduce_bucket": "bucket",
+    "bucket_flush": "flush",
+    "deepspeed_epilogue": "epilogue",
+}
 
 #: The engines whose ranks hold different shares of whole tensors (``P_r``).
 RANKED_ENGINES = ("zero1-torch", "deepspeed")
@@ -79,10 +91,8 @@ def counted_rank(setup: Setup) -> tuple[int, int]:
     it owns (``zero1-torch``) or whose whole gradients it keeps (``deepspeed``); the setup's
     ``rank``, or the busiest (the lowest index among the fullest)."""
     world = setup.gpus
-    if setup.engine == "deepspeed":
-        sizes = tuple(sum(n for n, _ in mine) for mine in _slices(setup.model, world))
-    else:
-        sizes = _partition(setup.model, world)
+    ranked = _kept if setup.engine == "deepspeed" else _partition
+    sizes = ranked(setup.model, world)
     rank = sizes.index(max(sizes)) if setup.rank is None else setup.rank
     return rank, sizes[rank]
 
@@ -173,8 +183,49 @@ def reduce_bucket(ctx: Context) -> sympy.Expr | None:
     s = ctx.setup
     if s.engine != "deepspeed":
         return None
-    size = DEEPSPEED_REDUCE_BUCKET if s.reduce_bucket_size is None else s.reduce_bucket_size
-    return sympy.Integer(size * ctx.recipe.gradients)
+    return sympy.Integer(_bucket_elements(s) * ctx.recipe.gradients)
+
+
+def _bucket_elements(setup: Setup) -> int:
+    return DEEPSPEED_REDUCE_BUCKET if setup.reduce_bucket_size is None else setup.reduce_bucket_size
+
+
+def deepspeed_epilogue(ctx: Context) -> sympy.Expr | None:
+    """What DeepSpeed holds at the end of the backward, besides the bucket, where it is more than
+    the kept gradients (``G = 2 P_r``; ``B`` the bucket's elements, ``P`` the parameters):
+
+    * ``P <= B``: the flat copy of the bucket's contents the epilogue reduces from
+      (``allreduce_bucket``: ``self.flatten(bucket)``), ``2 P``, before ``G`` is made;
+    * stage 1, ``P > B``: every parameter's 16-bit ``.grad``, ``2 P``: its hooks only set up the
+      bucket (``process_gradients`` reduces at the hook only with ``partition_gradients`` or
+      ``overlap_comm``), and the epilogue (``reduce_gradients``) moves the gradients through it;
+      after the first flush, ``2 (P - B)`` of them beside ``G``;
+    * stage 2, ``P > B``: ``G`` beside the last flush's flat copy, ``2 (P mod B)``.
+
+    Measured: ``validation/engines.json``, rows ``deepspeed-zero*`` and, with a bucket smaller
+    than the model, ``deepspeed-zero*-bucket1m``.
+    """
+    s = ctx.setup
+    if s.engine != "deepspeed":
+        return None
+    width, bucket, params = ctx.recipe.gradients, _bucket_elements(s), param_count(s.model)
+    kept = width * P_r
+    if params <= bucket:
+        return width * P
+    if s.zero == 1:
+        return sympy.Max(width * P, width * (P - bucket) + kept)
+    return kept + width * (params % bucket or bucket)
+
+
+def bucket_flush(ctx: Context) -> sympy.Expr | None:
+    """DeepSpeed ZeRO-2 on a model larger than its bucket: each time the bucket fills during
+    the backward it is reduced from a flat copy of its contents (``allreduce_bucket``), a second
+    bucket's worth of bytes while the forward's tensors are still alive (stage 1 reduces only
+    at the epilogue: :func:`deepspeed_epilogue`)."""
+    s = ctx.setup
+    if s.engine != "deepspeed" or s.zero != 2 or param_count(s.model) <= _bucket_elements(s):
+        return None
+    return sympy.Integer(_bucket_elements(s) * ctx.recipe.gradients)
 
 
 def deepspeed_step(ctx: Context) -> sympy.Expr | None:
@@ -191,6 +242,9 @@ def deepspeed_step(ctx: Context) -> sympy.Expr | None:
       ``ps`` elements, the largest ``ps``) beside the 4 ps fp32 gradient, after
       ``free_grad_in_param_list`` has dropped the kept gradients (minus ``2 P_r``).
 
+    In the first iteration the optimizer's states are made inside that last moment, so the two
+    before it stand without them.
+
     fp16 runs the same optimizer; its loss scaler's overflow check
     (``has_overflow_partitioned_grads_serial``) adds one slice at a time in fp32, under the
     norm's fp64, so the same rule stands, unmeasured: DeepSpeed's CPU accelerator refuses fp16
@@ -203,14 +257,21 @@ def deepspeed_step(ctx: Context) -> sympy.Expr | None:
     s = ctx.setup
     if s.engine != "deepspeed":
         return None
-    mine = _slices(s.model, s.gpus)[counted_rank(s)[0]]
+    rank = counted_rank(s)[0]
+    mine = _slices(s.model, s.gpus)[rank]
     ps = flat_padded_params() / N_d
     opt = step_temporaries_expr(
         s.optimizer, s.implementation, ctx.recipe.state, params=ps, largest=ps
     )
-    copy = 2 * ps if len(mine) > 1 else 0
+    # the pieces flattened: the slices, and the zero pad of a range reaching into the padding
+    padded = sum(n for n, _ in mine) != _kept(s.model, s.gpus)[rank]
+    copy = 2 * ps if len(mine) + padded > 1 else 0
     kept = ctx.recipe.gradients * P_r
-    return sympy.Max(8 * max(inside for _, inside in mine), 4 * ps + copy, 4 * ps + opt - kept)
+    # the first step makes the optimizer's states inside its own step, after the norm and the
+    # flattening: those two moments come before the states the step's total counts
+    before = ctx.model_states["optimizer"] / P * ps if ctx.iteration == "first" else 0
+    norm, flat = 8 * max(inside for _, inside in mine), 4 * ps + copy
+    return sympy.Max(norm - before, flat - before, 4 * ps + opt - kept)
 
 
 def ddp_note(ctx: Context) -> str:
@@ -277,15 +338,17 @@ def check_engine(setup: Setup) -> None:
 
 
 __all__ = [
-    "BACKWARD_BUCKETS",
+    "BACKWARD_ROWS",
     "DEEPSPEED_REDUCE_BUCKET",
     "MEGATRON_RECIPES",
     "RANKED_ENGINES",
     "ZRO_GROUPS",
+    "bucket_flush",
     "check_engine",
     "counted_rank",
     "ddp_buckets",
     "ddp_note",
+    "deepspeed_epilogue",
     "deepspeed_step",
     "main_grad_buffer",
     "main_grad_copies",

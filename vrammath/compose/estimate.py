@@ -26,7 +26,7 @@ from functools import cached_property
 import sympy
 
 from vrammath.compose.engines import (
-    BACKWARD_BUCKETS,
+    BACKWARD_ROWS,
     RANKED_ENGINES,
     check_engine,
     counted_rank,
@@ -249,7 +249,7 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
                 if term.device == "gpu"
                 and term.group == group
                 and (term.live == "backward") == backward_only
-                and term.key not in BACKWARD_BUCKETS
+                and term.key not in BACKWARD_ROWS
             )
         )
 
@@ -257,9 +257,21 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
         total(g) for g in GROUPS
     )
     reduce = total("in-flight", backward_only=True)
-    bucket = sympy.Add(*(e for term, e in built if term.key in BACKWARD_BUCKETS))
+
+    def backward_rows(field: str) -> sympy.Expr:
+        keys = [k for k, f in BACKWARD_ROWS.items() if f == field]
+        return sympy.Add(*(e for term, e in built if term.key in keys))
+
     return Groups(
-        weights, optimizer, gradients, activations, temporaries, in_flight, reduce, outputs, bucket
+        weights,
+        optimizer,
+        gradients,
+        activations,
+        temporaries,
+        in_flight,
+        reduce,
+        outputs,
+        *(backward_rows(f) for f in ("bucket", "flush", "epilogue")),
     )
 
 

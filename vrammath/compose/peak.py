@@ -79,7 +79,10 @@ class Groups:
     gradients before the reduce-scatter) and ``outputs`` the model output the training loop
     keeps (logits + loss, :func:`vrammath.compose.builders.kept_outputs`; 0 for a loop that keeps the loss
     only); ``bucket`` what lives from the backward's first gradient hook to its end, beside
-    every tensor the forward left (DeepSpeed's reduce bucket).
+    every tensor the forward left (DeepSpeed's reduce bucket); ``flush`` what the backward adds
+    before its end only (a full bucket's flat copy); ``epilogue`` what the end of the backward
+    holds in place of the gradients when it is more (DeepSpeed's gradients on their way to the
+    kept ones, :func:`vrammath.compose.engines.deepspeed_epilogue`).
     """
 
     weights: sympy.Expr
@@ -91,6 +94,8 @@ class Groups:
     reduce: sympy.Expr
     outputs: sympy.Expr = sympy.S.Zero
     bucket: sympy.Expr = sympy.S.Zero
+    flush: sympy.Expr = sympy.S.Zero
+    epilogue: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
@@ -290,12 +295,14 @@ def hf_phase_peaks(
         groups.activations,
     )
     gathered, reduce_buffer, bucket = groups.in_flight, groups.reduce, groups.bucket
+    flush, epilogue = groups.flush, groups.epilogue
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     loss = hf_logits_loss_terms(spec, precision)
     c = _compute_bytes(precision)
     embed_temp = (
         (4 - grad_bytes) * V * h if device == "cpu" and grad_bytes < 4 else sympy.Integer(0)
     )
+    end_grads = G + embed_temp if epilogue == 0 else sympy.Max(G + embed_temp, epilogue)
     if activation_terms is None:  # the activation row's own parts, when the caller has them
         activation_terms = hf_activation_terms(spec, attention, precision, recompute, device=device)
     # what the model keeps above the top layer: the final norm, the head's input and weight cast
@@ -370,9 +377,9 @@ def hf_phase_peaks(
         "forward_peak": _peak(*forward_candidates, *in_layers) + gathered,
         "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
-            *(x + gathered + bucket for x in in_backward),
-            W + O_before + G + embed_temp + gathered + reduce_buffer + bucket,
-            *([fwd_end + gathered + bucket] if bucket != 0 else []),
+            *(x + gathered + bucket + flush for x in in_backward),
+            W + O_before + end_grads + gathered + reduce_buffer + bucket,
+            *([fwd_end + gathered + bucket + flush] if bucket != 0 else []),
         ),
         "step_peak": W + O_ + G + T_opt,
     }
@@ -408,7 +415,12 @@ def korthikanti_phase_peaks(
         W, G = W + G, sympy.Integer(0)  # resident, counted once with the weights
     phases = {
         "forward_peak": W + O_before + A + in_flight,
-        "backward_peak": sympy.Max(W + O_before + A, W + O_before + G) + in_flight + groups.bucket,
+        "backward_peak": sympy.Max(
+            W + O_before + A + groups.flush,
+            W + O_before + (G if groups.epilogue == 0 else sympy.Max(G, groups.epilogue)),
+        )
+        + in_flight
+        + groups.bucket,
         "step_peak": W + O_ + G + groups.temporaries,
     }
     return _with_kept_outputs(phases, groups.outputs, iteration)

@@ -90,8 +90,10 @@ from vrammath.compose.builders import (
     weights_label,
 )
 from vrammath.compose.engines import (
+    bucket_flush,
     ddp_buckets,
     ddp_note,
+    deepspeed_epilogue,
     deepspeed_step,
     main_grad_buffer,
     main_grad_copies,
@@ -317,6 +319,24 @@ TERMS: tuple[Term, ...] = (
         group="in-flight",
         live="backward",
         note="reduce_bucket_size elements, from the first gradient hook to the end of backward",
+    ),
+    Term(
+        key="bucket_flush",
+        label="DeepSpeed bucket flush (ZeRO-2)",
+        device="gpu",
+        builder=bucket_flush,
+        group="in-flight",
+        live="backward",
+        note="the flat copy a full bucket is reduced from, during the backward",
+    ),
+    Term(
+        key="deepspeed_epilogue",
+        label="DeepSpeed gradients at the backward's epilogue",
+        device="gpu",
+        builder=deepspeed_epilogue,
+        group="in-flight",
+        live="backward",
+        note="at the end of the backward, in place of the kept gradients where it is more",
     ),
     Term(
         key="activations",

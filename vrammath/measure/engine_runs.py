@@ -118,6 +118,9 @@ ENGINES: dict[str, dict[str, Any]] = {
     "ddp-fp32": _engine("fp32", 0, "fp32", profile="ddp"),
     "deepspeed-zero1": _engine("bf16-mixed", 1, "bf16", profile="deepspeed"),
     "deepspeed-zero2": _engine("bf16-mixed", 2, "bf16", profile="deepspeed"),
+    # a bucket smaller than the model: ZeRO-2 flushes it mid-backward, ZeRO-1 at the epilogue
+    "deepspeed-zero1-bucket1m": _engine("bf16-mixed", 1, "bf16", profile="deepspeed", bucket=10**6),
+    "deepspeed-zero2-bucket1m": _engine("bf16-mixed", 2, "bf16", profile="deepspeed", bucket=10**6),
     "deepspeed-zero3": _engine("bf16-mixed", 3, "bf16"),
 }
 """Engine -> the vrammath recipe/ZeRO stage it is compared with, the dtype it builds in and,
@@ -344,7 +347,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
         raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):
         return measure_deepspeed(
-            int(engine[-1]),
+            int(engine.split("-")[1][-1]),
             spec,
             batch=batch,
             seq=seq,
@@ -352,6 +355,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
             ranks=ranks,
             rank=rank,
             steps=steps,
+            bucket=ENGINES[engine].get("bucket"),
         )
     fsdp = engine.endswith("fsdp")
     needs_group = fsdp or engine.startswith("zero1")
@@ -425,8 +429,10 @@ def measure_deepspeed(
     ranks: int,
     rank: int = 0,
     steps: int = 2,
+    bucket: int | None = None,
 ) -> dict[str, Any]:
-    """DeepSpeed's ZeRO engine (bf16, torch AdamW foreach) on ``rank`` of a fake process group.
+    """DeepSpeed's ZeRO engine (bf16, torch AdamW foreach) on ``rank`` of a fake process group,
+    with ``reduce_bucket_size`` ``bucket`` (DeepSpeed's default where None).
 
     DeepSpeed's engine moves the model with ``module.to(device)``, which FakeTensorMode refuses
     ("_apply(): Couldn't swap Embedding.weight"), so this runs on real CPU tensors (small models
@@ -455,7 +461,8 @@ def measure_deepspeed(
     config = {
         "train_micro_batch_size_per_gpu": batch,
         "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage}
+        | ({} if bucket is None else {"reduce_bucket_size": bucket}),
         "optimizer": {
             "type": "AdamW",
             "params": {"lr": 1e-4, "torch_adam": True, "foreach": True},

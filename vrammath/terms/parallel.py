@@ -300,14 +300,21 @@ def flat_rank_slices(
 
 
 def flat_kept_gradients(numels: Sequence[int], world: int, alignment: int = 2) -> tuple[int, ...]:
-    """Elements of the whole gradients each rank keeps under DeepSpeed ZeRO-1/2: the whole
-    numel of every tensor overlapping its range (:func:`flat_rank_slices`;
-    ``copy_grads_in_partition`` sizes its buffer so, reference [5]).
+    """Elements of the gradients each rank keeps under DeepSpeed ZeRO-1/2: the whole numel of
+    every tensor overlapping its range (:func:`flat_rank_slices`; ``copy_grads_in_partition``
+    sizes its buffer so, reference [5]), and on a rank whose range reaches into the buffer's
+    padding a zero pad of that many elements (``get_flat_partition``).
 
     >>> flat_kept_gradients([10, 3, 3], 2)
     (10, 16)
+    >>> flat_kept_gradients([10, 3, 2], 2)  # 15 elements padded to 16: rank 1 pads one
+    (10, 16)
     """
-    return tuple(sum(n for n, _ in mine) for mine in flat_rank_slices(numels, world, alignment))
+    size = -(-sum(numels) // (alignment * world)) * alignment
+    return tuple(
+        sum(n for n, _ in mine) + size - sum(inside for _, inside in mine)
+        for mine in flat_rank_slices(numels, world, alignment)
+    )
 
 
 def zro_partition(numels: Iterable[int], world: int) -> tuple[int, ...]:
