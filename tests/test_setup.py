@@ -38,7 +38,7 @@ def test_tuples_are_the_literals() -> None:
 def test_every_field_is_declared_once_and_drives_cli_and_json() -> None:
     declared = [o.name for o in options(Setup)]
     assert declared == [f.name for f in dataclasses.fields(Setup)][1:]  # all but the model
-    assert len(declared) == 35
+    assert len(declared) == 36
     parser = build_parser()
     sub: Any = next(a for a in parser._actions if a.dest == "command").choices
     for command, cls in (("estimate", Setup), ("fit", Setup), ("serve", Serve)):

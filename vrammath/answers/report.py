@@ -70,7 +70,9 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     out["engine"] = engine_line(est)
     if setup.engine in RANKED_ENGINES:
         index, owned = counted_rank(setup)
-        what = "optimizer_params" if setup.engine == "zero1-torch" else "gradient_params"
+        what = {"zero1-torch": "optimizer_params", "fsdp2": "owned_rows_params"}.get(
+            setup.engine, "gradient_params"
+        )
         out["rank"] = {"index": index, "of": setup.gpus, "busiest": setup.rank is None, what: owned}
     return out
 
@@ -91,6 +93,7 @@ def engine_name(setup: Setup) -> str:
         "ddp": "DistributedDataParallel",
         "megatron": "Megatron-Core's DistributedDataParallel",
         "deepspeed": f"DeepSpeed ZeRO-{setup.zero}",
+        "fsdp2": "FSDP2" + (" (reshard_after_forward=False)" if setup.no_reshard else ""),
     }
     if setup.engine in named:
         return named[setup.engine]
@@ -135,6 +138,16 @@ def engine_line(est: Estimate) -> str | None:
             f"the whole gradients of {kept:,} of {param_count(setup.model):,} parameters (the "
             f"tensors overlapping its flat range); reduce bucket {size:,} elements"
         )
+    if setup.engine == "fsdp2":
+        index, owned = counted_rank(setup)
+        which = "the busiest" if setup.rank is None else "--rank"
+        reshard = "False" if setup.no_reshard else "True"
+        return (
+            f"engine: FSDP2 (fully_shard per decoder layer and the root, reshard_after_forward="
+            f"{reshard}, {_fsdp2_policy(setup.recipe)}); rank {index} of {setup.gpus} ({which}) "
+            f"owns {owned:,} of {param_count(setup.model):,} parameters' rows (its padded "
+            "shards hold ceil(dim0/N) rows of every tensor)"
+        )
     if setup.engine == "ddp":
         view = ", the gradients are views of them" if setup.bucket_view else ""
         return f"engine: DistributedDataParallel; its gradient buckets are counted{view}"
@@ -145,6 +158,14 @@ def engine_line(est: Estimate) -> str | None:
     else:
         layout = "a flat partition (ceil(P/N) per rank: DeepSpeed's layout, not its buffers)"
     return f"engine: the plain loop, ZeRO-{setup.zero} as {layout}"
+
+
+def _fsdp2_policy(recipe: str) -> str:
+    """The ``MixedPrecisionPolicy`` an ``--engine fsdp2`` recipe stands for."""
+    return {
+        "bf16-mixed": "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on fp32 shards",
+        "bf16-pure": "a bf16 model, no policy",
+    }.get(recipe, "fp32, no policy")
 
 
 def moe_dict(est: Estimate) -> dict[str, object]:

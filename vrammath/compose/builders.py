@@ -13,6 +13,7 @@ from vrammath.compose.rows import (
     CPU_ADAM_GRAD_BYTES,
     Builder,
     Context,
+    state_recipe,
 )
 from vrammath.model.params import largest_tensor_numel, layer_param_expr
 from vrammath.notation.symbols import L, P, V, b, s
@@ -50,6 +51,8 @@ def weights_label(ctx: Context) -> str:
     if ctx.lora:
         width = {1: "int8", 2: "16-bit", 4: "fp32"}.get(ctx.base_bytes, f"{ctx.base_bytes}-byte")
         return f"frozen base weights ({width})"
+    if ctx.setup.engine == "fsdp2" and ctx.setup.recipe == "bf16-mixed":
+        return "weights (fp32 shards, also the master)"
     return "weights"
 
 
@@ -133,14 +136,14 @@ def layer_params(ctx: Context) -> sympy.Expr:
 
 
 def gathered(ctx: Context) -> sympy.Expr | None:
-    # gathered for compute even when the shards live on the CPU
-    if ctx.setup.zero != 3:
+    # gathered for compute even when the shards live on the CPU; FSDP2's own rows stand for it
+    if ctx.setup.zero != 3 or ctx.setup.engine == "fsdp2":
         return None
     return 2 * ctx.recipe.weights * layer_params(ctx)
 
 
 def reduce_buffer(ctx: Context) -> sympy.Expr | None:
-    if ctx.setup.zero != 3:
+    if ctx.setup.zero != 3 or ctx.setup.engine == "fsdp2":
         return None
     return ctx.recipe.gradients * layer_params(ctx)
 
@@ -227,7 +230,9 @@ def step_temporaries(ctx: Context) -> sympy.Expr | None:
         return step_temporaries_expr(
             s.optimizer, s.implementation, ctx.recipe.state, params=P, largest=largest
         )
-    return optimizer_step_temp_expr(s.model, s.recipe, s.optimizer, s.implementation, ep=s.ep)
+    return optimizer_step_temp_expr(
+        s.model, state_recipe(s), s.optimizer, s.implementation, ep=s.ep
+    )
 
 
 def step_note(ctx: Context) -> str:

@@ -14,7 +14,13 @@ PyTorch's ``DistributedDataParallel``: the states of one GPU plus the reducer's 
 contiguous buffer kept from construction (:func:`main_grad_buffer`), fp32 under the
 ``bf16-megatron`` recipe (``--bf16`` sets ``accumulate_allreduce_grads_in_fp32``), 16-bit under
 ``bf16-mixed`` (``--grad-reduce-in-bf16``), which the step copies to fp32
-(:func:`main_grad_copies`).
+(:func:`main_grad_copies`). ``fsdp2`` is PyTorch's ``fully_shard`` applied to every decoder
+layer and then to the model (torchtitan's and accelerate's wrapping): every tensor cut on its
+dim 0 (``--shard dim0``, ZeRO stage 3), ``MixedPrecisionPolicy`` read from the recipe
+(:func:`vrammath.compose.rows.state_recipe`), the root module's parameters gathered from
+forward to backward (:func:`fsdp2_unsharded`) and one layer's all-gather output kept
+(:func:`fsdp2_all_gather`); the optimizer's states follow each rank's unpadded rows
+(:func:`vrammath.terms.parallel.dim0_rank_params`).
 
 Examples
 ========
@@ -41,6 +47,8 @@ from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import N_d, P, P_r
 from vrammath.terms.parallel import (
+    dim0_rank_params,
+    dim0_unit_params,
     flat_kept_gradients,
     flat_padded_params,
     flat_rank_slices,
@@ -70,17 +78,25 @@ def _kept(spec: ModelSpec, world: int) -> tuple[int, ...]:
     return flat_kept_gradients(module_order_numels(spec), world)
 
 
-#: The field of :class:`vrammath.compose.peak.Groups` each row the backward holds apart from the
-#: phase groups fills (``bucket`` from the first gradient hook to the end, ``flush`` before the
-#: end only, ``epilogue`` at the end in place of the gradients).
-BACKWARD_ROWS = {
+@functools.lru_cache(maxsize=256)
+def _rows(spec: ModelSpec, world: int) -> tuple[int, ...]:
+    return dim0_rank_params(spec, world)
+
+
+#: The field of :class:`vrammath.compose.peak.Groups` each row one phase holds apart from the
+#: phase groups fills (``bucket`` from the backward's first gradient hook to its end, ``flush``
+#: before the backward's end only, ``epilogue`` at that end in place of the gradients,
+#: ``forward`` through the forward alone, ``unshard`` while a layer is gathered in the forward).
+PHASE_ROWS = {
     "reduce_bucket": "bucket",
     "bucket_flush": "flush",
     "deepspeed_epilogue": "epilogue",
+    "all_gather_kept": "forward",
+    "layer_unshard": "unshard",
 }
 
-#: The engines whose ranks hold different shares of whole tensors (``P_r``).
-RANKED_ENGINES = ("zero1-torch", "deepspeed")
+#: The engines whose ranks hold different shares (``P_r``): of whole tensors, or of rows.
+RANKED_ENGINES = ("zero1-torch", "deepspeed", "fsdp2")
 
 #: DeepSpeed's default ``reduce_bucket_size`` (elements), ``deepspeed/runtime/zero/config.py``.
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
@@ -88,10 +104,11 @@ DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
 def counted_rank(setup: Setup) -> tuple[int, int]:
     """The rank an estimate counts and its share ``P_r``: the parameters whose optimizer states
-    it owns (``zero1-torch``) or whose whole gradients it keeps (``deepspeed``); the setup's
-    ``rank``, or the busiest (the lowest index among the fullest)."""
+    it owns (``zero1-torch``), whose whole gradients it keeps (``deepspeed``) or whose unpadded
+    rows it owns (``fsdp2``); the setup's ``rank``, or the busiest (the lowest index among the
+    fullest)."""
     world = setup.gpus
-    ranked = _kept if setup.engine == "deepspeed" else _partition
+    ranked = {"deepspeed": _kept, "fsdp2": _rows}.get(setup.engine, _partition)
     sizes = ranked(setup.model, world)
     rank = sizes.index(max(sizes)) if setup.rank is None else setup.rank
     return rank, sizes[rank]
@@ -114,9 +131,13 @@ def own_share(setup: Setup, term: Term) -> sympy.Expr | None:
     split row of ``zero1-torch``; DeepSpeed's gradients, kept whole for every tensor that
     overlaps the rank's flat range (:func:`vrammath.terms.parallel.flat_kept_gradients`); and
     DeepSpeed's other split rows, ``2 ceil(P / (2 N_d))``: its flat buffer is padded to a
-    multiple of twice the ranks (``nccl_start_alignment_factor``) before it is cut."""
+    multiple of twice the ranks (``nccl_start_alignment_factor``) before it is cut; FSDP2's
+    optimizer rows, made by ``torch.zeros_like`` of the unpadded local shard (its weights and
+    gradients are the padded shards, :func:`vrammath.compose.rows.dim0_shard_params`)."""
     if setup.engine == "zero1-torch" or (setup.engine == "deepspeed" and term.key == "gradients"):
         return P_r
+    if setup.engine == "fsdp2":  # states made like the unpadded shard; shards padded
+        return P_r if term.group in ZRO_GROUPS else None
     if setup.engine == "deepspeed":  # the flat buffer is padded to a multiple of 2 N_d
         return flat_padded_params() / N_d
     return None
@@ -274,6 +295,86 @@ def deepspeed_step(ctx: Context) -> sympy.Expr | None:
     return sympy.Max(norm - before, flat - before, 4 * ps + opt - kept)
 
 
+def _gathered_bytes(ctx: Context) -> int:
+    """Bytes per gathered element: ``MixedPrecisionPolicy.param_dtype`` (the compute dtype)."""
+    return 4 if ctx.precision == "fp32" else 2
+
+
+def fsdp2_unsharded(ctx: Context) -> sympy.Expr | None:
+    """FSDP2's unsharded parameters alive through forward and backward, in ``param_dtype``:
+    the root module's (embeddings, final norm, head), which FSDP2 does not reshard after the
+    forward since the backward would gather them at once; with ``reshard_after_forward=False``
+    every parameter's, until the post-backward reshards them. Each is ``N_d`` padded shards
+    (:func:`vrammath.terms.parallel.dim0_unit_params`).
+
+    Source: ``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``, ``FSDPState._lazy_init``
+    (the root's ``post_forward_mesh_info = None``), and ``_fsdp_param_group.py``,
+    ``FSDPParamGroup.post_backward`` (``reshard``). Measured: ``validation/engines.json``, rows
+    ``zero3-fsdp``, ``zero2-fsdp``, ``offload-fsdp``.
+    """
+    s = ctx.setup
+    if s.engine != "fsdp2":
+        return None
+    return _gathered_bytes(ctx) * dim0_unit_params(s.model, "all" if s.no_reshard else "root")
+
+
+def fsdp2_all_gather(ctx: Context) -> sympy.Expr | None:
+    """One decoder layer's all-gather output, in ``param_dtype``: in the forward FSDP2 keeps the
+    last all-gather's result (``AllGatherState``) until the next one is waited on, so after the
+    last layer it is alive to the backward, whose prefetch gathers the next layer in its turn.
+    With ``reshard_after_forward=False`` the backward gathers nothing: the row is the forward's
+    alone (``all_gather_kept``).
+
+    Source: ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``,
+    ``FSDPParamGroup.wait_for_unshard`` (``self.comm_ctx.all_gather_state``).
+    """
+    s = ctx.setup
+    if s.engine != "fsdp2":
+        return None
+    return _gathered_bytes(ctx) * dim0_unit_params(s.model, "layer")
+
+
+def fsdp2_all_gather_resharded(ctx: Context) -> sympy.Expr | None:
+    """:func:`fsdp2_all_gather` where the layers are resharded after forward (both phases)."""
+    return None if ctx.setup.no_reshard else fsdp2_all_gather(ctx)
+
+
+def fsdp2_all_gather_kept(ctx: Context) -> sympy.Expr | None:
+    """:func:`fsdp2_all_gather` under ``reshard_after_forward=False`` (the forward only)."""
+    return fsdp2_all_gather(ctx) if ctx.setup.no_reshard else None
+
+
+def fsdp2_layer_unshard(ctx: Context) -> sympy.Expr | None:
+    """What gathering a decoder layer adds in the forward while the layer before it still holds
+    its all-gather result: the new all-gather output and the layer's unsharded parameters
+    copied out of it, two layers' ``param_dtype`` bytes on top of the previous layer's kept
+    output, before that layer's activations exist (the forward's peak at 7B).
+
+    Source: ``FSDPParamGroup.unshard`` and ``wait_for_unshard``
+    (``foreach_all_gather_copy_out``, ``init_unsharded_param``). Measured:
+    ``validation/engines.json``, row ``zero3-fsdp/llama-7b``.
+    """
+    s = ctx.setup
+    if s.engine != "fsdp2" or s.no_reshard:
+        return None
+    return 2 * _gathered_bytes(ctx) * dim0_unit_params(s.model, "layer")
+
+
+def fsdp2_reduce(ctx: Context) -> sympy.Expr | None:
+    """FSDP2's reduce-scatter of one unit in the backward: the unit's unsharded gradients in
+    ``param_dtype`` and the padded reduce-scatter input they are copied into in
+    ``reduce_dtype`` (the gradient shards' dtype), for the larger unit (a layer or the root).
+
+    Source: ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``, ``foreach_reduce``
+    (``reduce_scatter_input = torch.empty(...)``, ``foreach_reduce_scatter_copy_in``).
+    """
+    s = ctx.setup
+    if s.engine != "fsdp2":
+        return None
+    unit = sympy.Max(dim0_unit_params(s.model, "layer"), dim0_unit_params(s.model, "root"))
+    return (_gathered_bytes(ctx) + ctx.recipe.gradients) * unit
+
+
 def ddp_note(ctx: Context) -> str:
     """The DDP row's note: whether the gradients are views of the buckets."""
     if ctx.setup.bucket_view:
@@ -283,6 +384,10 @@ def ddp_note(ctx: Context) -> str:
 
 #: The recipes ``--engine megatron`` reads: the buffer's dtype is the recipe's gradient dtype.
 MEGATRON_RECIPES = ("bf16-megatron", "bf16-mixed", "fp16-mixed", "fp32")
+
+#: The recipes ``--engine fsdp2`` reads: ``bf16-mixed`` is ``MixedPrecisionPolicy(bf16, fp32)``
+#: over an fp32 model, ``fp32`` no policy, ``bf16-pure`` a bf16 model.
+FSDP2_RECIPES = ("bf16-mixed", "fp32", "bf16-pure")
 
 #: A refusal: the field, whether the setup trips it, the value it has, what the engine needs.
 Refusal = tuple[str, bool, object, str]
@@ -323,6 +428,19 @@ def check_engine(setup: Setup) -> None:
              "false (ZeRO-Offload's pinned buffers are not modelled yet)"),
             ("shard", s.shard != "flat", s.shard, "flat (DeepSpeed's flat buffer)"),
         )  # fmt: skip
+    elif s.engine == "fsdp2":
+        refusals += (
+            ("recipe", s.recipe not in FSDP2_RECIPES, s.recipe,
+             "one of " + ", ".join(FSDP2_RECIPES) + " (MixedPrecisionPolicy: bf16 compute over "
+             "fp32 shards, fp32 throughout, or a bf16 model)"),
+            ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
+             "adamw, adam, sgd or sgd-momentum (states made like each shard)"),
+            ("implementation", s.implementation == "for-loop" and s.optimizer in ("adamw", "adam"),
+             s.implementation, "foreach or fused (a for-loop step follows one shard at a time)"),
+            ("offload_optimizer", s.offload_optimizer != s.offload_params, s.offload_optimizer,
+             "the same as offload_params (CPUOffloadPolicy moves every shard, parameters, "
+             "gradients and optimizer states, to the host)"),
+        )  # fmt: skip
     else:  # zero1-torch: its step runs the inner optimizer on whole tensors
         refusals += (
             ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
@@ -338,9 +456,10 @@ def check_engine(setup: Setup) -> None:
 
 
 __all__ = [
-    "BACKWARD_ROWS",
     "DEEPSPEED_REDUCE_BUCKET",
+    "FSDP2_RECIPES",
     "MEGATRON_RECIPES",
+    "PHASE_ROWS",
     "RANKED_ENGINES",
     "ZRO_GROUPS",
     "bucket_flush",
@@ -350,6 +469,12 @@ __all__ = [
     "ddp_note",
     "deepspeed_epilogue",
     "deepspeed_step",
+    "fsdp2_all_gather",
+    "fsdp2_all_gather_kept",
+    "fsdp2_all_gather_resharded",
+    "fsdp2_layer_unshard",
+    "fsdp2_reduce",
+    "fsdp2_unsharded",
     "main_grad_buffer",
     "main_grad_copies",
     "own_share",

@@ -26,7 +26,7 @@ from functools import cached_property
 import sympy
 
 from vrammath.compose.engines import (
-    BACKWARD_ROWS,
+    PHASE_ROWS,
     RANKED_ENGINES,
     check_engine,
     counted_rank,
@@ -227,11 +227,9 @@ def _built(term: Term, ctx: Context) -> sympy.Expr | None:
     if expr is None:
         return None
     setup = ctx.setup
-    dim0: sympy.Expr | None = None
-    if setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
+    dim0 = own_share(setup, term)  # the rank's own tensors (vrammath.compose.engines)
+    if dim0 is None and setup.shard == "dim0" and setup.tp == 1 and setup.pp == 1:
         dim0 = dim0_shard_params(setup.model)
-    else:
-        dim0 = own_share(setup, term)  # the rank's own tensors (vrammath.compose.engines)
     replica = ep_replica_params() if setup.ep > 1 else None
     zero = sharded_stage(setup, term)
     out = per_rank(term, expr, zero=zero, offloaded=offloaded, dim0=dim0, replica=replica)
@@ -249,7 +247,7 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
                 if term.device == "gpu"
                 and term.group == group
                 and (term.live == "backward") == backward_only
-                and term.key not in BACKWARD_ROWS
+                and term.key not in PHASE_ROWS
             )
         )
 
@@ -258,8 +256,8 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
     )
     reduce = total("in-flight", backward_only=True)
 
-    def backward_rows(field: str) -> sympy.Expr:
-        keys = [k for k, f in BACKWARD_ROWS.items() if f == field]
+    def phase_rows(field: str) -> sympy.Expr:
+        keys = [k for k, f in PHASE_ROWS.items() if f == field]
         return sympy.Add(*(e for term, e in built if term.key in keys))
 
     return Groups(
@@ -271,7 +269,7 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
         in_flight,
         reduce,
         outputs,
-        *(backward_rows(f) for f in ("bucket", "flush", "epilogue")),
+        *(phase_rows(f) for f in ("bucket", "flush", "epilogue", "forward", "unshard")),
     )
 
 

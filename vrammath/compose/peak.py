@@ -82,7 +82,10 @@ class Groups:
     every tensor the forward left (DeepSpeed's reduce bucket); ``flush`` what the backward adds
     before its end only (a full bucket's flat copy); ``epilogue`` what the end of the backward
     holds in place of the gradients when it is more (DeepSpeed's gradients on their way to the
-    kept ones, :func:`vrammath.compose.engines.deepspeed_epilogue`).
+    kept ones, :func:`vrammath.compose.engines.deepspeed_epilogue`); ``forward`` what the forward
+    alone adds to every moment (FSDP2's kept all-gather output when nothing reshards);
+    ``unshard`` what gathering a layer adds in the forward before that layer's activations exist
+    (:func:`vrammath.compose.engines.fsdp2_layer_unshard`).
     """
 
     weights: sympy.Expr
@@ -96,6 +99,8 @@ class Groups:
     bucket: sympy.Expr = sympy.S.Zero
     flush: sympy.Expr = sympy.S.Zero
     epilogue: sympy.Expr = sympy.S.Zero
+    forward: sympy.Expr = sympy.S.Zero
+    unshard: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
@@ -296,6 +301,7 @@ def hf_phase_peaks(
     )
     gathered, reduce_buffer, bucket = groups.in_flight, groups.reduce, groups.bucket
     flush, epilogue = groups.flush, groups.epilogue
+    forward_only, unshard = groups.forward, groups.unshard
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     loss = hf_logits_loss_terms(spec, precision)
     c = _compute_bytes(precision)
@@ -372,9 +378,14 @@ def hf_phase_peaks(
             in_layers = []
         in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
         in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
+    if unshard != 0:
+        # gathering the top layer, before its activations exist (a checkpointed layer keeps
+        # little: its whole activations are left in, an upper bound)
+        below = act - loss["kept"] - after - (layer_total if recompute == "none" else 0)
+        forward_candidates.append(W + O_before + below + unshard)
     phases = {
         "forward_end": fwd_end,
-        "forward_peak": _peak(*forward_candidates, *in_layers) + gathered,
+        "forward_peak": _peak(*forward_candidates, *in_layers) + gathered + forward_only,
         "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
             *(x + gathered + bucket + flush for x in in_backward),

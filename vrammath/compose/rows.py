@@ -42,7 +42,7 @@ Device = Literal["gpu", "cpu"]
 Group = Literal[
     "weights", "optimizer", "gradients", "activations", "temporaries", "in-flight", "outputs"
 ]
-Live = Literal["resident", "forward+backward", "backward", "backward+step", "step"]
+Live = Literal["resident", "forward", "forward+backward", "backward", "backward+step", "step"]
 Offload = Literal["params", "optimizer"]
 ShardGroup = Literal["dp", "dp+edp"]
 
@@ -61,6 +61,16 @@ STATE_GROUPS: tuple[Group, ...] = ("weights", "optimizer", "gradients")
 
 #: CPU Adam keeps an fp32 copy of its gradient partition (ZeRO-Offload).
 CPU_ADAM_GRAD_BYTES = 4
+
+
+def state_recipe(setup: Setup) -> str:
+    """The recipe whose bytes per element the model states take: ``setup.recipe``, except under
+    ``--engine fsdp2``, where ``bf16-mixed`` is ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`` over an fp32 model: one fp32 shard that is both the weights and the
+    master, fp32 gradient shards (``autocast-bf16``'s 4/4/0/8 split), bf16 compute."""
+    if setup.engine == "fsdp2" and setup.recipe == "bf16-mixed":
+        return "autocast-bf16"
+    return setup.recipe
 
 
 @dataclass(frozen=True)
@@ -96,8 +106,8 @@ class Context:
 
     @property
     def recipe(self) -> Recipe:
-        """The precision recipe."""
-        return recipe(self.setup.recipe)
+        """The precision recipe of the model states (:func:`state_recipe`)."""
+        return recipe(state_recipe(self.setup))
 
     @property
     def lora(self) -> bool:
@@ -113,7 +123,7 @@ class Context:
         if s.korthikanti_moe:
             widths = state_widths(self.recipe, s.optimizer)
             return {k: w * P for k, w in widths.items()}
-        return model_state_exprs(s.model, s.recipe, s.optimizer)
+        return model_state_exprs(s.model, state_recipe(s), s.optimizer)
 
     @cached_property
     def frozen_base(self) -> dict[str, sympy.Expr]:
@@ -205,7 +215,7 @@ class Term:
     group : one of :data:`GROUPS`
         Which total of :class:`vrammath.compose.peak.Groups` the term enters.
     live : str
-        ``"resident"``, ``"forward+backward"``, ``"backward"``, ``"backward+step"`` or ``"step"``:
+        ``"resident"``, ``"forward"``, ``"forward+backward"``, ``"backward"``, ``"backward+step"`` or ``"step"``:
         when the term is alive in an iteration (documentation of the group's place in the
         phase models, and of the rows that share a group but not a time, as ``reduce_buffer``).
     sharded_from : int or None
@@ -320,5 +330,6 @@ __all__ = [
     "Term",
     "dim0_shard_params",
     "per_rank",
+    "state_recipe",
     "text",
 ]

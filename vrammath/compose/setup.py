@@ -63,12 +63,12 @@ from vrammath.terms.korthikanti.moe import check_capacity
 from vrammath.terms.lora.linears import adapted_linears, default_targets_refusal
 from vrammath.terms.lora.targets import lora_targets
 from vrammath.terms.moe.params import check_ep, check_ep_optimizer
-from vrammath.terms.parallel import FSDP_STRATEGIES, engine_stage, zero_stage
+from vrammath.terms.parallel import FSDP_STRATEGIES, check_shard, engine_stage, zero_stage
 
 DEFAULT_TARGETS = ("q", "v")
 #: The boolean fields (checked to be booleans: a JSON "false" string is refused)
 SWITCHES: tuple[str, ...] = ("offload_optimizer", "offload_params", "sp", "lora_dropout")
-SWITCHES += ("keep_outputs", "bucket_view")
+SWITCHES += ("keep_outputs", "bucket_view", "no_reshard")
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,8 @@ class Setup:
         "--engine",
         "whose per-rank rules apply: hf (the Hugging Face loop; --zero as a flat partition), "
         "zero1-torch (ZeroRedundancyOptimizer), ddp (DistributedDataParallel's buckets), megatron "
-        "(Megatron-Core's main_grad buffer), deepspeed (DeepSpeed ZeRO-1/2's own buffers)",
+        "(Megatron-Core's main_grad buffer), deepspeed (DeepSpeed ZeRO-1/2's own buffers), fsdp2 "
+        "(fully_shard per decoder layer and the root: ZeRO-3 on dim 0, MixedPrecisionPolicy)",
         choices=ENGINES,
     )
     reduce_bucket_size: int | None = declared(
@@ -204,6 +205,13 @@ class Setup:
         False,
         "--gradient-as-bucket-view",
         "DDP's gradient_as_bucket_view: the gradients are views of its buckets (--engine ddp)",
+        kind="switch",
+    )
+    no_reshard: bool = declared(
+        False,
+        "--no-reshard-after-forward",
+        "FSDP2's reshard_after_forward=False: every parameter stays gathered from its forward to "
+        "the end of the backward (--engine fsdp2)",
         kind="switch",
     )
     rank: int | None = declared(
@@ -294,6 +302,8 @@ class Setup:
         check_bounds(self)
         check("engine", self.engine, ENGINES)
         object.__setattr__(self, "zero", engine_stage(self))
+        if self.engine == "fsdp2" and self.gpus > 1:  # fully_shard cuts tensors on dim 0
+            object.__setattr__(self, "shard", "dim0")
         check("attention", self.attention, ATTENTIONS)
         check("recompute", self.recompute, RECOMPUTES)
         check("activation_model", self.activation_model, ACTIVATION_MODELS)
@@ -319,17 +329,7 @@ class Setup:
 
     def _check_read(self) -> None:
         """Refuse a field set where nothing reads it (it would change nothing, silently)."""
-        if self.shard != "flat" and self.zero == 0:
-            raise InputError(
-                "shard", "is read only where ZeRO/FSDP shards states (--zero 1, 2 or 3)", self.shard
-            )
-        if self.shard != "flat" and self.gpus == 1:
-            raise InputError(
-                "shard",
-                "is read only where states are sharded over more than one GPU (--gpus 1: one "
-                "rank holds every row, as flat does)",
-                self.shard,
-            )
+        check_shard(self.shard, self.zero, self.gpus)
         if self.device != "cuda" and self.activation_formula == "korthikanti":
             raise InputError(
                 "device",

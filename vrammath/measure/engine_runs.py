@@ -19,9 +19,9 @@ storage once). The engines:
   step's ``main_param.grad = model_param.main_grad.float()`` is then an fp32 copy.
 * ``zero1-zro``: fp32 model, ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW, foreach).
 * ``zero1-zro-master``: ``megatron-copy`` whose inner optimizer is a ZeroRedundancyOptimizer.
-* ``zero2-fsdp``: FSDP2 ``fully_shard(reshard_after_forward=False)`` with
-  ``MixedPrecisionPolicy(bf16, fp32)`` over fp32 shards.
-* ``zero3-fsdp``: FSDP2, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``.
+* ``zero3-fsdp``: FSDP2 (``fully_shard`` per decoder layer, then the model), ``--engine fsdp2``:
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 shards.
+* ``zero2-fsdp``: the same with ``reshard_after_forward=False`` (``--no-reshard-after-forward``).
 * ``offload-fsdp``: ``zero3-fsdp`` with ``CPUOffloadPolicy(pin_memory=False)``.
 * ``deepspeed-zero1/2/3``: DeepSpeed's ZeRO engine on real CPU tensors (:func:`measure_deepspeed`).
 * ``plain-bf16``: a bf16 model and AdamW, the control.
@@ -109,9 +109,9 @@ ENGINES: dict[str, dict[str, Any]] = {
     "megatron-bf16-grad": _engine("bf16-mixed", 0, "bf16", profile="megatron"),
     "zero1-zro": _engine("fp32", 1, "fp32", profile="zero1-torch"),
     "zero1-zro-master": _engine("bf16-mixed", 1, "bf16", profile="zero1-torch"),
-    "zero2-fsdp": _engine("bf16-mixed", 2, "fp32"),
-    "zero3-fsdp": _engine("bf16-mixed", 3, "fp32"),
-    "offload-fsdp": _engine("bf16-mixed", 3, "fp32", offload=True),
+    "zero2-fsdp": _engine("bf16-mixed", 3, "fp32", profile="fsdp2", reshard=False),
+    "zero3-fsdp": _engine("bf16-mixed", 3, "fp32", profile="fsdp2"),
+    "offload-fsdp": _engine("bf16-mixed", 3, "fp32", profile="fsdp2", offload=True),
     "plain-bf16": _engine("bf16-pure", 0, "bf16"),
     "ddp": _engine("bf16-pure", 0, "bf16", profile="ddp"),
     "ddp-view": _engine("bf16-pure", 0, "bf16", profile="ddp", bucket_view=True),
@@ -343,7 +343,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
     check_choice("engine", engine, list(ENGINES))
     check_choice("loop", loop, LOOPS)
     spec = as_spec(run.model)
-    if rank and ENGINES[engine].get("profile") not in ("zero1-torch", "deepspeed"):
+    if rank and ENGINES[engine].get("profile") not in ("zero1-torch", "deepspeed", "fsdp2"):
         raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):
         return measure_deepspeed(

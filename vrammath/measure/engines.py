@@ -59,7 +59,8 @@ def estimate_engine(
             offload_params=offload,
             iteration=iteration,
             engine=profile,
-            rank=rank if profile in ("zero1-torch", "deepspeed") else None,
+            rank=rank if profile in ("zero1-torch", "deepspeed", "fsdp2") else None,
+            no_reshard=cfg.get("reshard") is False,
             bucket_view=bool(cfg.get("bucket_view")),
             reduce_bucket_size=cfg.get("bucket"),
         )
@@ -111,19 +112,6 @@ def measured_engine(result: dict[str, Any], engine: str) -> dict[str, int]:
 EXACT = ("parameters", "gradients", "optimizer", "states", "host")
 TOLERANCE = 0.01
 
-_SPLIT = (
-    "same total per rank, split differently: FSDP2 with MixedPrecisionPolicy keeps one fp32 "
-    "shard that is both the weights and the master (bf16 copies exist only while gathered), and "
-    "reduces gradients in fp32 into that shard's dtype; vrammath's bf16-mixed splits the same 16 "
-    "bytes/param as weights 2 + master 4 and gradients 2 (its autocast-bf16 recipe has FSDP's "
-    "4/4/8 split, but fp32 activations)"
-)
-_ROOT = (
-    "in flight: FSDP2 keeps the root module's parameters (embeddings, lm_head, final norm; "
-    "2 bytes each in bf16) unsharded from forward to backward, plus one decoder layer's "
-    "all-gather buffer; vrammath counts two decoder layers (current + prefetched)"
-)
-
 EXPLAIN: dict[tuple[str, str], str] = {
     ("megatron-copy", "step_peak"): (
         "+2 bytes/param: the step replaces each bf16 gradient by an fp32 copy on the master "
@@ -139,41 +127,6 @@ EXPLAIN: dict[tuple[str, str], str] = {
         "profile models yet; ZeroRedundancyOptimizer's own rule (states of whole tensors, "
         "masters whole) holds in every other component"
     ),
-    ("zero2-fsdp", "parameters"): (
-        "FSDP2 without resharding after forward is not ZeRO-2: the persistent parameter is the "
-        "fp32 shard (4P/N); the full bf16 weights exist only from forward to the end of "
-        "backward, where vrammath's ZeRO-2 keeps 2P for the whole step"
-    ),
-    ("zero2-fsdp", "gradients"): _SPLIT,
-    ("zero2-fsdp", "forward_peak"): (
-        "+one layer's all-gather buffer (2 bytes per layer parameter), which vrammath counts "
-        "only under ZeRO-3"
-    ),
-    ("zero2-fsdp", "step_peak"): (
-        "vrammath keeps 2P of unsharded weights in the step; FSDP2 has resharded after backward "
-        "(difference 2P - 2P/N)"
-    ),
-    ("zero3-fsdp", "parameters"): _SPLIT,
-    ("zero3-fsdp", "gradients"): _SPLIT,
-    ("zero3-fsdp", "forward_peak"): (
-        "FSDP2's forward peak lies inside the last decoder layer, not at the loss: two layers' "
-        "bf16 all-gather buffers, the current layer and the root module's parameters "
-        "(embeddings, lm_head, final norm) unsharded; vrammath places it at the loss with two "
-        "gathered layers, and its weights term adds a bf16 shard (2P/N) FSDP2 does not keep. "
-        "On the tiny model the terms cancel to within 1%; at 7B the extra shard dominates"
-    ),
-    ("zero3-fsdp", "backward_peak"): (
-        "FSDP2's backward peak falls late in the backward: the fp32 gradient shards of the "
-        "layers done, one layer's fp32 reduce-scatter input (reduce_dtype=fp32: 4 bytes per "
-        "layer parameter) and the root's unsharded parameters; vrammath's reduce buffer is in "
-        "the gradient dtype (2 bytes per layer parameter) and its weights term adds 2P/N"
-    ),
-    ("offload-fsdp", "host"): (
-        "vrammath offloads a bf16 weight shard (2P/N) besides the fp32 master (4P/N); FSDP2 "
-        "offloads one fp32 shard that is both (16P/N per rank, not 18P/N)"
-    ),
-    ("offload-fsdp", "forward_peak"): _ROOT
-    + "; under ZeRO-3 without offload the extra 2P/N of vrammath's weight shard hides this",
 }
 
 
@@ -270,6 +223,19 @@ ROWS: list[dict[str, Any]] = [
     # Megatron-Core's grad buffer on the other two shapes, one per buffer dtype
     _row("megatron-main-grad", "tiny-qwen-tied", 1, 256, quick=True),
     _row("megatron-bf16-grad", "tiny-odd-head", 1, 256, quick=True),
+    # FSDP2: the last ranks own fewer rows (their optimizer states follow), three shapes
+    *(
+        _row(e, m, 1, 256, quick=True, rank=r)
+        for e, m, r in (
+            ("zero3-fsdp", "tiny-llama", 7),
+            ("zero3-fsdp", "tiny-qwen-tied", 0),
+            ("zero3-fsdp", "tiny-qwen-tied", 7),
+            ("zero3-fsdp", "tiny-odd-head", 7),
+            ("zero2-fsdp", "tiny-qwen-tied", 7),
+            ("zero2-fsdp", "tiny-odd-head", 0),
+            ("offload-fsdp", "tiny-odd-head", 7),
+        )
+    ),
     # DeepSpeed ZeRO-1/2: its ranks keep different whole gradients; the last rank and two shapes
     _row("deepspeed-zero2", "tiny-llama", 1, 256, quick=True, rank=7),
     _row("deepspeed-zero1", "tiny-qwen-tied", 1, 256, quick=True, rank=7),

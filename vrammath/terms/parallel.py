@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import sympy
 
@@ -121,7 +121,7 @@ def convention_bytes(
 
 
 #: The ZeRO stage an engine implies (``--engine ddp`` is plain data parallelism, stage 0).
-ENGINE_STAGES = {"zero1-torch": 1, "ddp": 0, "megatron": 0}
+ENGINE_STAGES = {"zero1-torch": 1, "ddp": 0, "megatron": 0, "fsdp2": 3}
 
 
 class EngineFields(Protocol):
@@ -139,6 +139,8 @@ class EngineFields(Protocol):
     def bucket_view(self) -> bool: ...
     @property
     def reduce_bucket_size(self) -> int | None: ...
+    @property
+    def no_reshard(self) -> bool: ...
 
 
 def engine_stage(fields: EngineFields) -> int:
@@ -147,7 +149,7 @@ def engine_stage(fields: EngineFields) -> int:
     fields where the engine does not read them (``rank``, ``bucket_view``).
 
     >>> from types import SimpleNamespace as Fields
-    >>> fields = dict(gpus=8, rank=None, bucket_view=False, reduce_bucket_size=None)
+    >>> fields = dict(gpus=8, rank=None, bucket_view=False, reduce_bucket_size=None, no_reshard=False)
     >>> engine_stage(Fields(engine="zero1-torch", zero=0, **fields))
     1
     >>> engine_stage(Fields(engine="ddp", zero=2, **fields))
@@ -157,9 +159,11 @@ def engine_stage(fields: EngineFields) -> int:
     """
     engine, zero, gpus = fields.engine, fields.zero, fields.gpus
     rank, bucket_view = fields.rank, fields.bucket_view
-    if rank is not None and engine not in ("zero1-torch", "deepspeed"):
+    if rank is not None and engine not in ("zero1-torch", "deepspeed", "fsdp2"):
         raise InputError(
-            "rank", "is read only where ranks differ (--engine zero1-torch or deepspeed)", rank
+            "rank",
+            "is read only where ranks differ (--engine zero1-torch, deepspeed or fsdp2)",
+            rank,
         )
     if rank is not None and rank >= gpus:
         raise InputError("rank", f"must be below --gpus ({gpus})", got=rank)
@@ -171,6 +175,8 @@ def engine_stage(fields: EngineFields) -> int:
             "is read only by --engine deepspeed",
             got=fields.reduce_bucket_size,
         )
+    if fields.no_reshard and engine != "fsdp2":
+        raise InputError("no_reshard", "is read only by --engine fsdp2", got=fields.no_reshard)
     if engine == "deepspeed":
         if zero in (1, 2):
             return zero
@@ -181,6 +187,21 @@ def engine_stage(fields: EngineFields) -> int:
         return zero if stage is None else stage
     why = " (its distributed optimizer is not modelled yet)" if engine == "megatron" else ""
     raise InputError("zero", f"--engine {engine} is ZeRO stage {stage}{why}", got=zero)
+
+
+def check_shard(shard: str, zero: int, gpus: int) -> None:
+    """Refuse ``--shard dim0`` where nothing shards the states (it would change nothing)."""
+    if shard != "flat" and zero == 0:
+        raise InputError(
+            "shard", "is read only where ZeRO/FSDP shards states (--zero 1, 2 or 3)", shard
+        )
+    if shard != "flat" and gpus == 1:
+        raise InputError(
+            "shard",
+            "is read only where states are sharded over more than one GPU (--gpus 1: one "
+            "rank holds every row, as flat does)",
+            shard,
+        )
 
 
 def tensor_numels(spec: ModelSpec) -> list[int]:
@@ -317,6 +338,57 @@ def flat_kept_gradients(numels: Sequence[int], world: int, alignment: int = 2) -
     )
 
 
+#: The FSDP units :func:`dim0_unit_params` sizes: one decoder layer, the root module (what no
+#: layer holds: embeddings, final norm, head), every parameter.
+FsdpUnit = Literal["layer", "root", "all"]
+
+
+def dim0_unit_params(spec: ModelSpec, unit: FsdpUnit) -> sympy.Expr:
+    """Elements of one FSDP2 unit gathered: every tensor's dim 0 padded to a multiple of
+    ``N_d`` (``fully_shard`` pads each shard to ``ceil(dim0 / N_d)`` rows; the all-gather output
+    and the unsharded parameters are ``N_d`` such shards, ``FSDPParam.init_all_gather_outputs``
+    and ``init_unsharded_param`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``).
+
+    >>> from vrammath.model.presets import load_model
+    >>> from vrammath.model.params import size_values
+    >>> spec = load_model("gpt2")  # vocabulary 50257: 50264 rows gathered on 8 ranks
+    >>> values = {**size_values(spec), N_d: 8}
+    >>> [int(dim0_unit_params(spec, u).subs(values)) for u in ("layer", "root")]
+    [7087872, 39390720]
+    """
+    one = sympy.Integer(1)
+    total = sympy.Integer(0)
+    for t in tensors(spec):
+        if (unit == "layer" and t.count != L) or (unit == "root" and t.count != one):
+            continue
+        padded = sympy.ceiling(t.shape[0] / N_d) * N_d * t.numel / t.shape[0]
+        total += padded if unit != "all" else t.count * padded
+    return total
+
+
+def dim0_rank_params(spec: ModelSpec, world: int) -> tuple[int, ...]:
+    """Elements each rank owns under FSDP2, without the padding: rank ``r`` holds rows
+    ``[r c, (r + 1) c)`` of every tensor, ``c = ceil(dim0 / world)`` (``torch.chunk`` on dim 0,
+    ``FSDPParam._init_sharded_param``), so the last ranks own fewer, or none of a tensor with
+    fewer rows than ranks. The optimizer's states are made like the unpadded shard.
+
+    >>> from vrammath.model.presets import load_model
+    >>> numels = dim0_rank_params(load_model("llama-7b"), 7)
+    >>> numels[0] > numels[-1], sum(numels)
+    (True, 6738415616)
+    """
+    values = {k: sympy.Integer(v) for k, v in size_values(spec).items()}
+    out = [0] * world
+    for t in tensors(spec):
+        rows = int(t.shape[0].xreplace(values))
+        rest = int(t.numel.xreplace(values)) // rows
+        count = int(t.count.xreplace(values))
+        chunk = -(-rows // world)
+        for r in range(world):
+            out[r] += count * rest * max(0, min(chunk, rows - r * chunk))
+    return tuple(out)
+
+
 def zro_partition(numels: Iterable[int], world: int) -> tuple[int, ...]:
     """Elements whose optimizer states each rank owns under PyTorch's
     ``ZeroRedundancyOptimizer`` (one parameter group): whole tensors, largest first, each to the
@@ -343,7 +415,11 @@ __all__ = [
     "FSDP_STRATEGIES",
     "STAGES",
     "EngineFields",
+    "FsdpUnit",
+    "check_shard",
     "convention_bytes",
+    "dim0_rank_params",
+    "dim0_unit_params",
     "engine_stage",
     "flat_kept_gradients",
     "flat_padded_params",

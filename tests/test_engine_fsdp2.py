@@ -1,0 +1,155 @@
+"""``--engine fsdp2``: PyTorch's ``fully_shard`` per decoder layer and on the root.
+
+Measured: the FSDP2 rows of ``validation/engines.json`` (FSDPMemTracker on 8 fake ranks, three
+shapes, ranks 0 and 7) give the states and the gathered bytes each test below checks; every
+phase of those rows is compared in ``tests/measure/test_engines.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import vrammath as vm
+from vrammath.cli import main
+from vrammath.compose.engines import counted_rank
+from vrammath.measure.build import as_spec
+from vrammath.measure.documents import validation_file
+from vrammath.measure.engine_runs import CONFIGS
+from vrammath.model.params import param_count
+from vrammath.notation.symbols import N_d
+from vrammath.terms.parallel import dim0_rank_params, dim0_unit_params
+from vrammath.terms.states import state_values
+
+ENGINES_DOC = json.loads(validation_file("engines.json").read_text())
+FSDP_ROWS = [r for r in ENGINES_DOC["rows"] if r.get("profile") == "fsdp2" and "states" in r]
+
+
+def _setup(row: dict[str, object], **changes: object) -> vm.Setup:
+    spec = (
+        as_spec(CONFIGS[str(row["model"])])
+        if row["model"] in CONFIGS
+        else vm.load_model(str(row["model"]))
+    )
+    fields: dict[str, object] = {
+        "engine": "fsdp2",
+        "gpus": 8,
+        "rank": row["rank"],
+        "seq_len": row["seq"],
+        "device": "cpu",
+        "no_reshard": row.get("reshard") is False,
+        "offload_optimizer": bool(row.get("offload")),
+        "offload_params": bool(row.get("offload")),
+    }
+    return vm.Setup(spec, **{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_the_rows_cover_three_shapes_two_ranks_both_reshards() -> None:
+    seen = {(r["model"], r["rank"], r.get("reshard", True)) for r in FSDP_ROWS}
+    assert {m for m, _, _ in seen} >= {"tiny-llama", "tiny-qwen-tied", "tiny-odd-head"}
+    assert {k for _, k, _ in seen} == {0, 7}
+    assert {x for _, _, x in seen} == {True, False}
+
+
+@pytest.mark.parametrize("row", FSDP_ROWS, ids=lambda r: str(r["id"]))
+def test_states_are_the_measured_bytes(row: dict[str, object]) -> None:
+    est = vm.estimate(_setup(row))
+    states = row["states"]
+    assert isinstance(states, dict)
+    if row.get("offload"):  # every shard on the host
+        assert est.cpu_bytes == states["parameters"] + states["gradients"] + states["optimizer"]
+        return
+    assert est.component("optimizer").bytes == states["optimizer"]
+    assert est.component("weights").bytes == states["parameters"]
+    assert est.component("gradients").bytes == states["gradients"]
+    assert "master" not in {c.key for c in est.components}  # the fp32 shard is the master
+
+
+@pytest.mark.parametrize("row", FSDP_ROWS, ids=lambda r: str(r["id"]))
+def test_gathered_bytes_are_the_tracker_s(row: dict[str, object]) -> None:
+    """FSDPMemTracker's "Unsharded Param" and "All Gather" at the steady forward peak: the root
+    (or everything) gathered and the kept all-gather output at the loss on the small models;
+    at 7B, where the peak is the top layer's gathering, two more layers' bf16 bytes."""
+    setup = _setup(row)
+    est = vm.estimate(setup)
+    phases = row["phases"]
+    assert isinstance(phases, dict)
+    forward = phases["steady"]["forward"]
+    layer = "all_gather_kept" if row.get("reshard") is False else "all_gather"
+    gathered = est.component("fsdp2_unsharded").bytes + est.component(layer).bytes
+    if row["model"] == "llama-7b":
+        values = {**state_values(setup.model), N_d: 8}
+        gathered += 2 * 2 * int(dim0_unit_params(setup.model, "layer").subs(values))
+        assert forward["All Gather"] == 2 * est.component(layer).bytes
+    else:
+        assert est.component("fsdp2_unsharded").bytes == forward["Unsharded Param"]
+        assert est.component(layer).bytes == forward["All Gather"]
+    assert gathered == forward["Unsharded Param"] + forward["All Gather"]
+
+
+def test_rank_rows_and_padding_by_hand() -> None:
+    # the tied Qwen2: vocabulary 3001 on 8 ranks is 376 rows each, 369 on rank 7
+    spec = as_spec(CONFIGS["tiny-qwen-tied"])
+    owned = dim0_rank_params(spec, 8)
+    assert owned[0] - owned[7] == (376 - 369) * 192
+    padded = dim0_unit_params(spec, "root").subs({**state_values(spec), N_d: 8})
+    assert padded == 3008 * 192 + 192  # embedding (tied: once) + final norm
+    assert counted_rank(vm.Setup(spec, engine="fsdp2", gpus=8)) == (0, owned[0])
+
+
+@given(st.sampled_from(["tiny-llama", "tiny-qwen-tied", "tiny-odd-head", "gpt2", "llama-7b"]),
+       st.integers(min_value=1, max_value=64))  # fmt: skip
+def test_rank_rows_properties(name: str, world: int) -> None:
+    spec = as_spec(CONFIGS[name]) if name in CONFIGS else vm.load_model(name)
+    owned = dim0_rank_params(spec, world)
+    assert sum(owned) == param_count(spec)
+    assert list(owned) == sorted(owned, reverse=True)  # the padding is on the last ranks
+    padded = int(dim0_unit_params(spec, "all").subs({**state_values(spec), N_d: world}))
+    assert padded == world * owned[0] >= param_count(spec)
+
+
+def test_no_reshard_keeps_every_parameter_gathered() -> None:
+    spec = vm.load_model("llama-7b")
+    on = vm.estimate(vm.Setup(spec, engine="fsdp2", gpus=8, seq_len=2048))
+    off = vm.estimate(vm.Setup(spec, engine="fsdp2", gpus=8, seq_len=2048, no_reshard=True))
+    assert off.component("fsdp2_unsharded").bytes == 2 * param_count(spec)  # no padding at 8
+    assert on.component("fsdp2_unsharded").bytes == 2 * (2 * 32000 * 4096 + 4096)
+    assert off.phases["backward_peak"] > on.phases["backward_peak"]
+    assert off.phases["step_peak"] == on.phases["step_peak"]  # resharded after backward
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"recipe": "bf16-megatron"}, "recipe"),
+        ({"optimizer": "adam8bit"}, "optimizer"),
+        ({"implementation": "for-loop"}, "implementation"),
+        ({"offload_optimizer": True}, "offload_optimizer"),
+        ({"zero": 2}, "zero"),
+    ],
+)
+def test_refused_by_name(changes: dict[str, object], field: str) -> None:
+    spec = vm.load_model("llama-7b")
+    with pytest.raises(vm.InputError) as err:
+        vm.estimate(vm.Setup(spec, engine="fsdp2", gpus=8, **changes))  # type: ignore[arg-type]
+    assert str(err.value).startswith(field + ":")
+
+
+def test_no_reshard_needs_fsdp2() -> None:
+    with pytest.raises(vm.InputError, match="^no_reshard: is read only by --engine fsdp2"):
+        vm.Setup(vm.load_model("llama-7b"), gpus=8, zero=3, no_reshard=True)
+
+
+def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["estimate", "llama-7b", "--engine", "fsdp2", "--gpus", "8", "--rank", "7"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rank"]["index"] == 7
+    assert out["rank"]["owned_rows_params"] > 0
+    assert "FSDP2" in out["engine"]
+    assert "reshard_after_forward=True" in out["engine"]
+    assert main(["estimate", "llama-7b", "--engine", "fsdp2", "--gpus", "8", "--zero", "2"]) == 2
+    assert capsys.readouterr().err.strip().endswith("zero: --engine fsdp2 is ZeRO stage 3 (got 2)")
