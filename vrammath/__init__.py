@@ -42,6 +42,7 @@ from vrammath.answers.report import (
     serve_table,
 )
 from vrammath.answers.sweep import sensitivities, sweep
+from vrammath.compose.engine_config import deepspeed_fields
 from vrammath.compose.estimate import Component, Estimate, estimate
 from vrammath.compose.setup import Setup
 from vrammath.model.params import (
@@ -178,6 +179,7 @@ __all__ = [
     "cheapest_fit",
     "convention_bytes",
     "deepseek_v3_training_memory",
+    "deepspeed_fields",
     "dtype_bytes",
     "engine_line",
     "engine_name",

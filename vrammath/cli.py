@@ -31,6 +31,7 @@ from vrammath.answers.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.answers.fit import fit
 from vrammath.answers.formulas import FORMULA_OPTIONS, FORMULAS, formula_exprs, with_sizes
 from vrammath.answers.report import estimate_dict, estimate_table, serve_dict, serve_table
+from vrammath.compose.engine_config import deepspeed_fields
 from vrammath.compose.estimate import estimate
 from vrammath.compose.setup import Setup, setup_warnings
 from vrammath.flags import Parser, add_options, choice, integer, number, printable, targets, zero
@@ -71,6 +72,16 @@ MODEL_HELP = (
 )
 
 
+def _add_engine_config(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "--deepspeed",
+        metavar="DS_CONFIG_JSON",
+        help="a DeepSpeed config file: its ZeRO stage, bucket, precision, micro-batch and "
+        'optimizer set --engine deepspeed\'s fields ("auto" as the Hugging Face Trainer fills '
+        "it); a key that changes memory and is not modelled is refused by name",
+    )
+
+
 def _add_json(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--json", action="store_true", help="machine-readable output (same content)")
 
@@ -105,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="breakdown of per-GPU memory for a training setup")
     est.add_argument("model", help=MODEL_HELP)
     add_options(est, Setup)
+    _add_engine_config(est)
     _add_json(est)
 
     srv = sub.add_parser("serve", help="weights + KV cache per GPU for serving, and what fits")
@@ -119,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit_cmd.add_argument("model", help=MODEL_HELP)
     add_options(fit_cmd, Setup)
+    _add_engine_config(fit_cmd)
     fit_cmd.add_argument(
         "--headroom",
         type=number("headroom", 0, 1, open_low=False, open_high=True),
@@ -188,19 +201,44 @@ def _cmd_derive(args: argparse.Namespace) -> Result:
 
 def training_setup(args: argparse.Namespace) -> Setup:
     """The training setup that parsed ``estimate``/``fit`` flags describe (the model resolved)."""
+    return training_config(args)[0]
+
+
+def training_config(args: argparse.Namespace) -> tuple[Setup, list[str]]:
+    """:func:`training_setup`, with the fields of an engine config file (``--deepspeed``)
+    applied and its warnings; a flag given another value than the file's is refused."""
     given = {o.name: getattr(args, o.name) for o in options(Setup) if o.flag is not None}
     if given["lora_targets"] is None:
         del given["lora_targets"]
     elif args.lora_rank is None:
         raise InputError("lora-targets", "needs --lora-rank", got=",".join(given["lora_targets"]))
-    return Setup(resolve_model(args.model), **given)
+    spec = resolve_model(args.model)
+    said: list[str] = []
+    path = getattr(args, "deepspeed", None)
+    if path is not None:
+        file = Path(path)
+        try:
+            config = json.loads(_read_limited(file, "deepspeed"))
+        except json.JSONDecodeError as exc:
+            why = f"{file.name} is not JSON ({exc.msg}, line {exc.lineno})"
+            raise InputError("deepspeed", why, got=str(file)) from None
+        fields, said = deepspeed_fields(config, spec)
+        defaults = {f.name: f.default for f in dataclasses.fields(Setup)}
+        for name, value in fields.items():
+            if given[name] not in (defaults[name], value):
+                raise InputError(
+                    name, f"is {value} in {file.name}; the flag says otherwise", got=given[name]
+                )
+            given[name] = value
+        said = [f"{file.name}: {line}" for line in said]
+    return Setup(spec, **given), said
 
 
 def _cmd_estimate(args: argparse.Namespace) -> Result:
-    setup = training_setup(args)
+    setup, said = training_config(args)
     est = estimate(setup)
     data: dict[str, Any] = estimate_dict(est)
-    data["warnings"] = list(setup_warnings(setup))
+    data["warnings"] = said + list(setup_warnings(setup))
     engine = "" if setup.engine == "hf" else f" ({setup.engine})"
     head = (
         f"{setup.model.name}: {param_count(setup.model):,} parameters; {setup.recipe}, "
@@ -253,7 +291,7 @@ def _cmd_serve(args: argparse.Namespace) -> Result:
 def _cmd_fit(args: argparse.Namespace) -> Result:
     if args.gpu is None:
         raise one_of("gpu", None, list(load_gpus()))
-    setup = training_setup(args)
+    setup, said = training_config(args)
     reserve = round(args.reserve_gib * 2**30)
     capacity = load_gpus()[args.gpu].bytes if args.gpu in load_gpus() else None
     if capacity is not None and math.floor(capacity * (1 - args.headroom)) <= reserve:
@@ -266,7 +304,7 @@ def _cmd_fit(args: argparse.Namespace) -> Result:
     bud = budget(args.gpu, headroom=args.headroom, reserve_bytes=reserve)
     answer = fit(setup, bud)
     data: dict[str, Any] = answer.as_dict()
-    data["warnings"] = list(setup_warnings(setup))
+    data["warnings"] = said + list(setup_warnings(setup))
     return "\n".join(answer.lines()), data
 
 
