@@ -1,4 +1,6 @@
-"""``--engine fsdp2``: PyTorch's ``fully_shard`` per decoder layer and on the root.
+"""``--engine fsdp2`` (PyTorch's ``fully_shard`` per decoder layer and on the root, as torchtitan
+wraps) and ``--engine accelerate-fsdp2`` (as accelerate 1.15 wraps: layers, the input embedding,
+``[final norm, head]`` kept gathered).
 
 Measured: the FSDP2 rows of ``validation/engines.json`` (FSDPMemTracker on 8 fake ranks, three
 shapes, ranks 0 and 7) give the states and the gathered bytes each test below checks; every
@@ -25,7 +27,11 @@ from vrammath.terms.parallel import dim0_rank_params, dim0_unit_params
 from vrammath.terms.states import state_values
 
 ENGINES_DOC = json.loads(validation_file("engines.json").read_text())
-FSDP_ROWS = [r for r in ENGINES_DOC["rows"] if r.get("profile") == "fsdp2" and "states" in r]
+FSDP_ROWS = [
+    r
+    for r in ENGINES_DOC["rows"]
+    if r.get("profile") in ("fsdp2", "accelerate-fsdp2") and "states" in r
+]
 
 
 def _setup(row: dict[str, object], **changes: object) -> vm.Setup:
@@ -35,7 +41,7 @@ def _setup(row: dict[str, object], **changes: object) -> vm.Setup:
         else vm.load_model(str(row["model"]))
     )
     fields: dict[str, object] = {
-        "engine": "fsdp2",
+        "engine": row["profile"],
         "gpus": 8,
         "rank": row["rank"],
         "seq_len": row["seq"],
@@ -70,24 +76,29 @@ def test_states_are_the_measured_bytes(row: dict[str, object]) -> None:
 
 @pytest.mark.parametrize("row", FSDP_ROWS, ids=lambda r: str(r["id"]))
 def test_gathered_bytes_are_the_tracker_s(row: dict[str, object]) -> None:
-    """FSDPMemTracker's "Unsharded Param" and "All Gather" at the steady forward peak: the root
-    (or everything) gathered and the kept all-gather output at the loss on the small models;
-    at 7B, where the peak is the top layer's gathering, two more layers' bf16 bytes."""
+    """FSDPMemTracker's "Unsharded Param" and "All Gather" at the steady forward peak: the unit
+    kept gathered (or everything) and the last all-gather output at the loss on the small
+    models; at 7B, where the peak is the top layer's gathering, three layers' bf16 bytes
+    beside torchtitan's root."""
     setup = _setup(row)
     est = vm.estimate(setup)
     phases = row["phases"]
     assert isinstance(phases, dict)
     forward = phases["steady"]["forward"]
-    layer = "all_gather_kept" if row.get("reshard") is False else "all_gather"
-    gathered = est.component("fsdp2_unsharded").bytes + est.component(layer).bytes
-    if row["model"] == "llama-7b":
+    gathered = forward["Unsharded Param"] + forward["All Gather"]
+    if row["model"] == "llama-7b":  # the top layer's gathering (fsdp2_layer_unshard, unlisted)
         values = {**state_values(setup.model), N_d: 8}
-        gathered += 2 * 2 * int(dim0_unit_params(setup.model, "layer").subs(values))
-        assert forward["All Gather"] == 2 * est.component(layer).bytes
-    else:
-        assert est.component("fsdp2_unsharded").bytes == forward["Unsharded Param"]
-        assert est.component(layer).bytes == forward["All Gather"]
-    assert gathered == forward["Unsharded Param"] + forward["All Gather"]
+        layer = int(dim0_unit_params(setup.model, "layer").subs(values))
+        root = int(dim0_unit_params(setup.model, "root").subs(values))
+        assert gathered == 2 * (3 * layer + (root if row["profile"] == "fsdp2" else 0))
+        return
+    # torchtitan's wrap keeps a layer's output into the backward, accelerate's the tail's
+    kept_only = row.get("reshard") is False or row["profile"] == "accelerate-fsdp2"
+    key = "all_gather_kept" if kept_only else "all_gather"
+    assert est.component("fsdp2_unsharded").bytes == forward["Unsharded Param"]
+    assert est.component(key).bytes == forward["All Gather"]
+    backward = phases["steady"]["backward"]
+    assert backward["All Gather"] == (0 if kept_only else forward["All Gather"])
 
 
 def test_rank_rows_and_padding_by_hand() -> None:
@@ -141,6 +152,21 @@ def test_refused_by_name(changes: dict[str, object], field: str) -> None:
 def test_no_reshard_needs_fsdp2() -> None:
     with pytest.raises(vm.InputError, match="^no_reshard: is read only by --engine fsdp2"):
         vm.Setup(vm.load_model("llama-7b"), gpus=8, zero=3, no_reshard=True)
+
+
+@pytest.mark.parametrize("name", ["gemma-2-9b", "gpt2"])  # tied; GPT-2 has learned positions too
+def test_accelerate_wrap_refuses_what_it_does_not_replicate(name: str) -> None:
+    with pytest.raises(vm.InputError, match="^model: with --engine accelerate-fsdp2 must be"):
+        vm.estimate(vm.Setup(vm.load_model(name), engine="accelerate-fsdp2", gpus=8))
+
+
+def test_accelerate_keeps_the_tail_not_the_root() -> None:
+    spec = vm.load_model("llama-7b")
+    titan = vm.estimate(vm.Setup(spec, engine="fsdp2", gpus=8))
+    accel = vm.estimate(vm.Setup(spec, engine="accelerate-fsdp2", gpus=8))
+    assert accel.component("fsdp2_unsharded").bytes == 2 * (32000 * 4096 + 4096)  # head + norm
+    assert titan.component("fsdp2_unsharded").bytes == 2 * (2 * 32000 * 4096 + 4096)
+    assert accel.model_state_bytes == titan.model_state_bytes
 
 
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:

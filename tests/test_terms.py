@@ -33,7 +33,11 @@ def test_the_table_is_well_formed() -> None:
         if term.device == "cpu":  # a host row exists only under its offload
             assert term.offload is not None, term.key
     # moments, not tensors a rank holds throughout a phase: they enter the phase model only
-    assert [t.key for t in TERMS if not t.listed] == ["reduce_buffer", "layer_unshard", "fsdp2_reduce"]
+    assert [t.key for t in TERMS if not t.listed] == [
+        "reduce_buffer",
+        "layer_unshard",
+        "fsdp2_reduce",
+    ]
     assert {t.key for t in TERMS if t.device == "gpu" and t.group in STATE_GROUPS} == {
         "weights",
         "gradients",

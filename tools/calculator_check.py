@@ -144,13 +144,14 @@ def random_training(rng: random.Random) -> dict[str, Any]:
         kw["keep_outputs"] = True
     if rng.random() < 0.25:  # an engine's own rules, with the fields only it reads
         kw["engine"] = rng.choice(ENGINES)
-        if kw["engine"] in ("zero1-torch", "deepspeed", "fsdp2") and rng.random() < 0.5:
+        fsdp = kw["engine"] in ("fsdp2", "accelerate-fsdp2")
+        if (fsdp or kw["engine"] in ("zero1-torch", "deepspeed")) and rng.random() < 0.5:
             kw["rank"] = rng.randint(0, kw["gpus"])  # gpus itself is refused by name
         if kw["engine"] == "ddp" and rng.random() < 0.5:
             kw["bucket_view"] = True
         if kw["engine"] == "deepspeed" and rng.random() < 0.5:
             kw["reduce_bucket_size"] = rng.choice((10**6, 2 * 10**8, rng.randint(1, 10**9)))
-        if kw["engine"] == "fsdp2" and rng.random() < 0.5:
+        if fsdp and rng.random() < 0.5:
             kw["no_reshard"] = True
     return kw
 

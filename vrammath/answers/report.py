@@ -70,8 +70,8 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     out["engine"] = engine_line(est)
     if setup.engine in RANKED_ENGINES:
         index, owned = counted_rank(setup)
-        what = {"zero1-torch": "optimizer_params", "fsdp2": "owned_rows_params"}.get(
-            setup.engine, "gradient_params"
+        what = {"zero1-torch": "optimizer_params", "deepspeed": "gradient_params"}.get(
+            setup.engine, "owned_rows_params"
         )
         out["rank"] = {"index": index, "of": setup.gpus, "busiest": setup.rank is None, what: owned}
     return out
@@ -94,6 +94,8 @@ def engine_name(setup: Setup) -> str:
         "megatron": "Megatron-Core's DistributedDataParallel",
         "deepspeed": f"DeepSpeed ZeRO-{setup.zero}",
         "fsdp2": "FSDP2" + (" (reshard_after_forward=False)" if setup.no_reshard else ""),
+        "accelerate-fsdp2": "accelerate's FSDP2"
+        + (" (reshard_after_forward=False)" if setup.no_reshard else ""),
     }
     if setup.engine in named:
         return named[setup.engine]
@@ -138,15 +140,21 @@ def engine_line(est: Estimate) -> str | None:
             f"the whole gradients of {kept:,} of {param_count(setup.model):,} parameters (the "
             f"tensors overlapping its flat range); reduce bucket {size:,} elements"
         )
-    if setup.engine == "fsdp2":
+    if setup.engine in ("fsdp2", "accelerate-fsdp2"):
         index, owned = counted_rank(setup)
         which = "the busiest" if setup.rank is None else "--rank"
         reshard = "False" if setup.no_reshard else "True"
+        units = (
+            "FSDP2 (fully_shard per decoder layer and the root"
+            if setup.engine == "fsdp2"
+            else "accelerate's FSDP2 (fully_shard per decoder layer, the input embedding, "
+            "[final norm, head] kept gathered, the root"
+        )
         return (
-            f"engine: FSDP2 (fully_shard per decoder layer and the root, reshard_after_forward="
-            f"{reshard}, {_fsdp2_policy(setup.recipe)}); rank {index} of {setup.gpus} ({which}) "
-            f"owns {owned:,} of {param_count(setup.model):,} parameters' rows (its padded "
-            "shards hold ceil(dim0/N) rows of every tensor)"
+            f"engine: {units}, reshard_after_forward={reshard}, "
+            f"{_fsdp2_policy(setup)}); rank {index} of {setup.gpus} ({which}) owns {owned:,} of "
+            f"{param_count(setup.model):,} parameters' rows (its padded shards hold "
+            "ceil(dim0/N) rows of every tensor)"
         )
     if setup.engine == "ddp":
         view = ", the gradients are views of them" if setup.bucket_view else ""
@@ -160,12 +168,14 @@ def engine_line(est: Estimate) -> str | None:
     return f"engine: the plain loop, ZeRO-{setup.zero} as {layout}"
 
 
-def _fsdp2_policy(recipe: str) -> str:
-    """The ``MixedPrecisionPolicy`` an ``--engine fsdp2`` recipe stands for."""
+def _fsdp2_policy(setup: Setup) -> str:
+    """The ``MixedPrecisionPolicy`` an FSDP2 engine's recipe stands for."""
+    reduce = "fp32" if setup.engine == "fsdp2" else "bf16"
     return {
-        "bf16-mixed": "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on fp32 shards",
+        "bf16-mixed": f"MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype={reduce}) on fp32 "
+        "shards",
         "bf16-pure": "a bf16 model, no policy",
-    }.get(recipe, "fp32, no policy")
+    }.get(setup.recipe, "fp32, no policy")
 
 
 def moe_dict(est: Estimate) -> dict[str, object]:

@@ -22,7 +22,7 @@ from vrammath.terms.korthikanti.dense import korthikanti_first_stage_bytes
 from vrammath.terms.lora.adapters import lora_activation_layer_expr, lora_step_temp_expr
 from vrammath.terms.lora.quant import dequant_buffer_expr
 from vrammath.terms.moe.params import ep_layer_param_expr
-from vrammath.terms.parallel import flat_padded_params
+from vrammath.terms.parallel import FSDP2_ENGINES, flat_padded_params
 from vrammath.terms.states import optimizer_step_temp_expr, step_temporaries_expr
 
 # --- full fine-tuning: the model's own states ---------------------------------------------------
@@ -51,7 +51,7 @@ def weights_label(ctx: Context) -> str:
     if ctx.lora:
         width = {1: "int8", 2: "16-bit", 4: "fp32"}.get(ctx.base_bytes, f"{ctx.base_bytes}-byte")
         return f"frozen base weights ({width})"
-    if ctx.setup.engine == "fsdp2" and ctx.setup.recipe == "bf16-mixed":
+    if ctx.setup.engine in FSDP2_ENGINES and ctx.setup.recipe == "bf16-mixed":
         return "weights (fp32 shards, also the master)"
     return "weights"
 
@@ -137,13 +137,13 @@ def layer_params(ctx: Context) -> sympy.Expr:
 
 def gathered(ctx: Context) -> sympy.Expr | None:
     # gathered for compute even when the shards live on the CPU; FSDP2's own rows stand for it
-    if ctx.setup.zero != 3 or ctx.setup.engine == "fsdp2":
+    if ctx.setup.zero != 3 or ctx.setup.engine in FSDP2_ENGINES:
         return None
     return 2 * ctx.recipe.weights * layer_params(ctx)
 
 
 def reduce_buffer(ctx: Context) -> sympy.Expr | None:
-    if ctx.setup.zero != 3 or ctx.setup.engine == "fsdp2":
+    if ctx.setup.zero != 3 or ctx.setup.engine in FSDP2_ENGINES:
         return None
     return ctx.recipe.gradients * layer_params(ctx)
 

@@ -19,8 +19,11 @@ layer and then to the model (torchtitan's and accelerate's wrapping): every tens
 dim 0 (``--shard dim0``, ZeRO stage 3), ``MixedPrecisionPolicy`` read from the recipe
 (:func:`vrammath.compose.rows.state_recipe`), the root module's parameters gathered from
 forward to backward (:func:`fsdp2_unsharded`) and one layer's all-gather output kept
-(:func:`fsdp2_all_gather`); the optimizer's states follow each rank's unpadded rows
-(:func:`vrammath.terms.parallel.dim0_rank_params`).
+(:func:`fsdp2_all_gather_resharded`); the optimizer's states follow each rank's unpadded rows
+(:func:`vrammath.terms.parallel.dim0_rank_params`). ``accelerate-fsdp2`` is the same engine as
+accelerate 1.15 wraps a model (``fsdp2_prepare_model``): every decoder layer, the input
+embedding, then ``[final norm, head]`` not resharded after forward, and
+``MixedPrecisionPolicy(param_dtype=reduce_dtype=bf16)`` under ``mixed_precision: bf16``.
 
 Examples
 ========
@@ -47,6 +50,8 @@ from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import N_d, P, P_r
 from vrammath.terms.parallel import (
+    FSDP2_ENGINES,
+    FsdpUnit,
     dim0_rank_params,
     dim0_unit_params,
     flat_kept_gradients,
@@ -96,7 +101,7 @@ PHASE_ROWS = {
 }
 
 #: The engines whose ranks hold different shares (``P_r``): of whole tensors, or of rows.
-RANKED_ENGINES = ("zero1-torch", "deepspeed", "fsdp2")
+RANKED_ENGINES = ("zero1-torch", "deepspeed", *FSDP2_ENGINES)
 
 #: DeepSpeed's default ``reduce_bucket_size`` (elements), ``deepspeed/runtime/zero/config.py``.
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
@@ -108,7 +113,9 @@ def counted_rank(setup: Setup) -> tuple[int, int]:
     rows it owns (``fsdp2``); the setup's ``rank``, or the busiest (the lowest index among the
     fullest)."""
     world = setup.gpus
-    ranked = {"deepspeed": _kept, "fsdp2": _rows}.get(setup.engine, _partition)
+    ranked = {"deepspeed": _kept, **dict.fromkeys(FSDP2_ENGINES, _rows)}.get(
+        setup.engine, _partition
+    )
     sizes = ranked(setup.model, world)
     rank = sizes.index(max(sizes)) if setup.rank is None else setup.rank
     return rank, sizes[rank]
@@ -136,7 +143,7 @@ def own_share(setup: Setup, term: Term) -> sympy.Expr | None:
     gradients are the padded shards, :func:`vrammath.compose.rows.dim0_shard_params`)."""
     if setup.engine == "zero1-torch" or (setup.engine == "deepspeed" and term.key == "gradients"):
         return P_r
-    if setup.engine == "fsdp2":  # states made like the unpadded shard; shards padded
+    if setup.engine in FSDP2_ENGINES:  # states made like the unpadded shard; shards padded
         return P_r if term.group in ZRO_GROUPS else None
     if setup.engine == "deepspeed":  # the flat buffer is padded to a multiple of 2 N_d
         return flat_padded_params() / N_d
@@ -300,79 +307,98 @@ def _gathered_bytes(ctx: Context) -> int:
     return 4 if ctx.precision == "fp32" else 2
 
 
+def _kept_unit(setup: Setup) -> FsdpUnit:
+    """The unit not resharded after forward: the root (torchtitan's wrap, where the root holds
+    the embeddings, the final norm and the head) or accelerate's tail (the final norm and the
+    head, ``fully_shard([norm, lm_head], reshard_after_forward=False)``)."""
+    return "root" if setup.engine == "fsdp2" else "tail"
+
+
 def fsdp2_unsharded(ctx: Context) -> sympy.Expr | None:
     """FSDP2's unsharded parameters alive through forward and backward, in ``param_dtype``:
-    the root module's (embeddings, final norm, head), which FSDP2 does not reshard after the
-    forward since the backward would gather them at once; with ``reshard_after_forward=False``
-    every parameter's, until the post-backward reshards them. Each is ``N_d`` padded shards
-    (:func:`vrammath.terms.parallel.dim0_unit_params`).
+    the unit not resharded after forward (torchtitan's root, which FSDP2 does not reshard since
+    the backward would gather it at once; accelerate's tail, which it asks not to); with
+    ``reshard_after_forward=False`` every parameter's, until the post-backward reshards them.
+    Each is ``N_d`` padded shards (:func:`vrammath.terms.parallel.dim0_unit_params`).
 
     Source: ``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``, ``FSDPState._lazy_init``
-    (the root's ``post_forward_mesh_info = None``), and ``_fsdp_param_group.py``,
-    ``FSDPParamGroup.post_backward`` (``reshard``). Measured: ``validation/engines.json``, rows
-    ``zero3-fsdp``, ``zero2-fsdp``, ``offload-fsdp``.
+    (the root's ``post_forward_mesh_info = None``), ``_fsdp_param_group.py``,
+    ``FSDPParamGroup.post_backward`` (``reshard``), and accelerate 1.15's
+    ``accelerate/utils/fsdp_utils.py``, ``fsdp2_prepare_model``. Measured:
+    ``validation/engines.json``, rows ``zero3-fsdp``, ``zero2-fsdp``, ``offload-fsdp``,
+    ``accel-fsdp*``.
     """
     s = ctx.setup
-    if s.engine != "fsdp2":
+    if s.engine not in FSDP2_ENGINES:
         return None
-    return _gathered_bytes(ctx) * dim0_unit_params(s.model, "all" if s.no_reshard else "root")
+    unit: FsdpUnit = "all" if s.no_reshard else _kept_unit(s)
+    return _gathered_bytes(ctx) * dim0_unit_params(s.model, unit)
 
 
-def fsdp2_all_gather(ctx: Context) -> sympy.Expr | None:
-    """One decoder layer's all-gather output, in ``param_dtype``: in the forward FSDP2 keeps the
-    last all-gather's result (``AllGatherState``) until the next one is waited on, so after the
-    last layer it is alive to the backward, whose prefetch gathers the next layer in its turn.
-    With ``reshard_after_forward=False`` the backward gathers nothing: the row is the forward's
-    alone (``all_gather_kept``).
+def _last_all_gather(ctx: Context) -> sympy.Expr | None:
+    """The forward's last all-gather output, in ``param_dtype``: FSDP2 keeps the last
+    all-gather's result (``AllGatherState``) until the next one is waited on. Under torchtitan's
+    wrap the last is a decoder layer's; under accelerate's, the tail's, gathered at the end.
 
     Source: ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``,
     ``FSDPParamGroup.wait_for_unshard`` (``self.comm_ctx.all_gather_state``).
     """
     s = ctx.setup
-    if s.engine != "fsdp2":
+    if s.engine not in FSDP2_ENGINES:
         return None
-    return _gathered_bytes(ctx) * dim0_unit_params(s.model, "layer")
+    unit: FsdpUnit = "layer" if s.engine == "fsdp2" else "tail"
+    return _gathered_bytes(ctx) * dim0_unit_params(s.model, unit)
 
 
 def fsdp2_all_gather_resharded(ctx: Context) -> sympy.Expr | None:
-    """:func:`fsdp2_all_gather` where the layers are resharded after forward (both phases)."""
-    return None if ctx.setup.no_reshard else fsdp2_all_gather(ctx)
+    """The last all-gather output through forward and backward: torchtitan's wrap with its
+    layers resharded, where after the forward's last layer the backward's prefetch gathers one
+    in its turn (measured at the backward's start)."""
+    s = ctx.setup
+    return _last_all_gather(ctx) if s.engine == "fsdp2" and not s.no_reshard else None
 
 
 def fsdp2_all_gather_kept(ctx: Context) -> sympy.Expr | None:
-    """:func:`fsdp2_all_gather` under ``reshard_after_forward=False`` (the forward only)."""
-    return fsdp2_all_gather(ctx) if ctx.setup.no_reshard else None
+    """The last all-gather output through the forward alone: accelerate's tail (the backward
+    starts with none in flight), or torchtitan's last layer when nothing reshards (the
+    backward gathers nothing)."""
+    s = ctx.setup
+    return _last_all_gather(ctx) if s.engine != "fsdp2" or s.no_reshard else None
 
 
 def fsdp2_layer_unshard(ctx: Context) -> sympy.Expr | None:
-    """What gathering a decoder layer adds in the forward while the layer before it still holds
-    its all-gather result: the new all-gather output and the layer's unsharded parameters
-    copied out of it, two layers' ``param_dtype`` bytes on top of the previous layer's kept
-    output, before that layer's activations exist (the forward's peak at 7B).
+    """Everything gathered while a decoder layer is gathered in the forward: the previous
+    layer's kept all-gather output, the new one and the layer's unsharded parameters copied out
+    of it -- three layers' ``param_dtype`` bytes -- beside torchtitan's root (accelerate's tail
+    is gathered only at the end), before that layer's activations exist (the forward's peak at
+    7B).
 
     Source: ``FSDPParamGroup.unshard`` and ``wait_for_unshard``
     (``foreach_all_gather_copy_out``, ``init_unsharded_param``). Measured:
-    ``validation/engines.json``, row ``zero3-fsdp/llama-7b``.
+    ``validation/engines.json``, rows ``zero3-fsdp/llama-7b`` and ``accel-fsdp/llama-7b``.
     """
     s = ctx.setup
-    if s.engine != "fsdp2" or s.no_reshard:
+    if s.engine not in FSDP2_ENGINES or s.no_reshard:
         return None
-    return 2 * _gathered_bytes(ctx) * dim0_unit_params(s.model, "layer")
+    root = dim0_unit_params(s.model, "root") if s.engine == "fsdp2" else 0
+    return _gathered_bytes(ctx) * (3 * dim0_unit_params(s.model, "layer") + root)
 
 
 def fsdp2_reduce(ctx: Context) -> sympy.Expr | None:
     """FSDP2's reduce-scatter of one unit in the backward: the unit's unsharded gradients in
     ``param_dtype`` and the padded reduce-scatter input they are copied into in
-    ``reduce_dtype`` (the gradient shards' dtype), for the larger unit (a layer or the root).
+    ``reduce_dtype`` (torchtitan's: the gradient shards' dtype; accelerate's: ``param_dtype``),
+    for the larger unit (a layer or the root).
 
     Source: ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``, ``foreach_reduce``
     (``reduce_scatter_input = torch.empty(...)``, ``foreach_reduce_scatter_copy_in``).
     """
     s = ctx.setup
-    if s.engine != "fsdp2":
+    if s.engine not in FSDP2_ENGINES:
         return None
     unit = sympy.Max(dim0_unit_params(s.model, "layer"), dim0_unit_params(s.model, "root"))
-    return (_gathered_bytes(ctx) + ctx.recipe.gradients) * unit
+    reduce = ctx.recipe.gradients if s.engine == "fsdp2" else _gathered_bytes(ctx)
+    return (_gathered_bytes(ctx) + reduce) * unit
 
 
 def ddp_note(ctx: Context) -> str:
@@ -428,7 +454,19 @@ def check_engine(setup: Setup) -> None:
              "false (ZeRO-Offload's pinned buffers are not modelled yet)"),
             ("shard", s.shard != "flat", s.shard, "flat (DeepSpeed's flat buffer)"),
         )  # fmt: skip
-    elif s.engine == "fsdp2":
+    elif s.engine in FSDP2_ENGINES:
+        accelerate = s.engine == "accelerate-fsdp2"
+        embeddings = s.model.embeddings
+        refusals += (
+            (
+                "model",
+                accelerate and (embeddings.tied or embeddings.learned_positions),
+                s.model.name,
+                "a model with untied embeddings and no learned positions (tied "
+                "embeddings in accelerate's tail unit, which torch 2.13 refuses in the wrap "
+                "replicated here, and positions left to its root are not modelled)",
+            ),
+        )
         refusals += (
             ("recipe", s.recipe not in FSDP2_RECIPES, s.recipe,
              "one of " + ", ".join(FSDP2_RECIPES) + " (MixedPrecisionPolicy: bf16 compute over "
@@ -469,7 +507,6 @@ __all__ = [
     "ddp_note",
     "deepspeed_epilogue",
     "deepspeed_step",
-    "fsdp2_all_gather",
     "fsdp2_all_gather_kept",
     "fsdp2_all_gather_resharded",
     "fsdp2_layer_unshard",

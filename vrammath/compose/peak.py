@@ -84,8 +84,8 @@ class Groups:
     holds in place of the gradients when it is more (DeepSpeed's gradients on their way to the
     kept ones, :func:`vrammath.compose.engines.deepspeed_epilogue`); ``forward`` what the forward
     alone adds to every moment (FSDP2's kept all-gather output when nothing reshards);
-    ``unshard`` what gathering a layer adds in the forward before that layer's activations exist
-    (:func:`vrammath.compose.engines.fsdp2_layer_unshard`).
+    ``unshard`` everything gathered while a layer is gathered in the forward, before that layer's
+    activations exist (:func:`vrammath.compose.engines.fsdp2_layer_unshard`).
     """
 
     weights: sympy.Expr
@@ -378,14 +378,15 @@ def hf_phase_peaks(
             in_layers = []
         in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
         in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
+    forward_peak = _peak(*forward_candidates, *in_layers) + gathered + forward_only
     if unshard != 0:
-        # gathering the top layer, before its activations exist (a checkpointed layer keeps
-        # little: its whole activations are left in, an upper bound)
+        # gathering the top layer, before its activations exist, with everything gathered then
+        # (a checkpointed layer keeps little: its whole activations are left in, an upper bound)
         below = act - loss["kept"] - after - (layer_total if recompute == "none" else 0)
-        forward_candidates.append(W + O_before + below + unshard)
+        forward_peak = _peak(forward_peak, W + O_before + below + unshard)
     phases = {
         "forward_end": fwd_end,
-        "forward_peak": _peak(*forward_candidates, *in_layers) + gathered + forward_only,
+        "forward_peak": forward_peak,
         "backward_peak": _peak(
             fwd_end + loss["backward_transient"] + gathered,
             *(x + gathered + bucket + flush for x in in_backward),

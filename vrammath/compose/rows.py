@@ -36,6 +36,7 @@ from vrammath.terms.korthikanti.moe import ratio
 from vrammath.terms.lora.adapters import lora_state_exprs
 from vrammath.terms.lora.quant import frozen_base_exprs
 from vrammath.terms.moe.layout import RankParams, state_widths
+from vrammath.terms.parallel import FSDP2_ENGINES
 from vrammath.terms.states import Recipe, model_state_exprs, recipe
 
 Device = Literal["gpu", "cpu"]
@@ -68,7 +69,7 @@ def state_recipe(setup: Setup) -> str:
     ``--engine fsdp2``, where ``bf16-mixed`` is ``MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32)`` over an fp32 model: one fp32 shard that is both the weights and the
     master, fp32 gradient shards (``autocast-bf16``'s 4/4/0/8 split), bf16 compute."""
-    if setup.engine == "fsdp2" and setup.recipe == "bf16-mixed":
+    if setup.engine in FSDP2_ENGINES and setup.recipe == "bf16-mixed":
         return "autocast-bf16"
     return setup.recipe
 

@@ -63,7 +63,7 @@ from vrammath.terms.korthikanti.moe import check_capacity
 from vrammath.terms.lora.linears import adapted_linears, default_targets_refusal
 from vrammath.terms.lora.targets import lora_targets
 from vrammath.terms.moe.params import check_ep, check_ep_optimizer
-from vrammath.terms.parallel import FSDP_STRATEGIES, check_shard, engine_stage, zero_stage
+from vrammath.terms.parallel import FSDP_STRATEGIES, engine_shard, engine_stage, zero_stage
 
 DEFAULT_TARGETS = ("q", "v")
 #: The boolean fields (checked to be booleans: a JSON "false" string is refused)
@@ -195,7 +195,8 @@ class Setup:
         "whose per-rank rules apply: hf (the Hugging Face loop; --zero as a flat partition), "
         "zero1-torch (ZeroRedundancyOptimizer), ddp (DistributedDataParallel's buckets), megatron "
         "(Megatron-Core's main_grad buffer), deepspeed (DeepSpeed ZeRO-1/2's own buffers), fsdp2 "
-        "(fully_shard per decoder layer and the root: ZeRO-3 on dim 0, MixedPrecisionPolicy)",
+        "(fully_shard per decoder layer and the root, torchtitan's: ZeRO-3 on dim 0), "
+        "accelerate-fsdp2 (accelerate's units: layers, the input embedding, norm and head)",
         choices=ENGINES,
     )
     reduce_bucket_size: int | None = declared(
@@ -302,8 +303,6 @@ class Setup:
         check_bounds(self)
         check("engine", self.engine, ENGINES)
         object.__setattr__(self, "zero", engine_stage(self))
-        if self.engine == "fsdp2" and self.gpus > 1:  # fully_shard cuts tensors on dim 0
-            object.__setattr__(self, "shard", "dim0")
         check("attention", self.attention, ATTENTIONS)
         check("recompute", self.recompute, RECOMPUTES)
         check("activation_model", self.activation_model, ACTIVATION_MODELS)
@@ -329,7 +328,7 @@ class Setup:
 
     def _check_read(self) -> None:
         """Refuse a field set where nothing reads it (it would change nothing, silently)."""
-        check_shard(self.shard, self.zero, self.gpus)
+        object.__setattr__(self, "shard", engine_shard(self))
         if self.device != "cuda" and self.activation_formula == "korthikanti":
             raise InputError(
                 "device",

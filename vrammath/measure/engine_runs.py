@@ -23,6 +23,7 @@ storage once). The engines:
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 shards.
 * ``zero2-fsdp``: the same with ``reshard_after_forward=False`` (``--no-reshard-after-forward``).
 * ``offload-fsdp``: ``zero3-fsdp`` with ``CPUOffloadPolicy(pin_memory=False)``.
+* ``accel-fsdp(-keep)``: FSDP2 as accelerate 1.15 wraps it (:mod:`vrammath.measure.fsdp_runs`).
 * ``deepspeed-zero1/2/3``: DeepSpeed's ZeRO engine on real CPU tensors (:func:`measure_deepspeed`).
 * ``plain-bf16``: a bf16 model and AdamW, the control.
 
@@ -40,9 +41,9 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from vrammath.measure.build import as_spec, build_model, check_choice, real_training_masks
+from vrammath.measure.fsdp_runs import Wrap, wrap_fsdp2
 from vrammath.measure.step import (
     PHASES,
-    _decoder_layers,
     _DevicePhases,
     _distinct_bytes,
     _fake_process_group,
@@ -112,6 +113,8 @@ ENGINES: dict[str, dict[str, Any]] = {
     "zero2-fsdp": _engine("bf16-mixed", 3, "fp32", profile="fsdp2", reshard=False),
     "zero3-fsdp": _engine("bf16-mixed", 3, "fp32", profile="fsdp2"),
     "offload-fsdp": _engine("bf16-mixed", 3, "fp32", profile="fsdp2", offload=True),
+    "accel-fsdp": _engine("bf16-mixed", 3, "fp32", profile="accelerate-fsdp2"),
+    "accel-fsdp-keep": _engine("bf16-mixed", 3, "fp32", profile="accelerate-fsdp2", reshard=False),
     "plain-bf16": _engine("bf16-pure", 0, "bf16"),
     "ddp": _engine("bf16-pure", 0, "bf16", profile="ddp"),
     "ddp-view": _engine("bf16-pure", 0, "bf16", profile="ddp", bucket_view=True),
@@ -238,32 +241,14 @@ def _maybe_group(ranks: int | None, rank: int = 0) -> Iterator[Any]:
 
 def _build(engine: str, spec: Any, attention: str, mesh: Any) -> dict[str, Any]:
     """The model and optimizer of ``engine`` (call inside FakeTensorMode)."""
-    import torch
 
     cfg = ENGINES[engine]
     precision = "bf16" if cfg["dtype"] == "bf16" else "fp32"
     net = build_model(spec, precision=precision, attention=attention)
-    if engine.endswith("fsdp"):
-        from torch.distributed.fsdp import (
-            CPUOffloadPolicy,
-            MixedPrecisionPolicy,
-            OffloadPolicy,
-            fully_shard,
-        )
-
-        kw: dict[str, Any] = {
-            "mesh": mesh,
-            "mp_policy": MixedPrecisionPolicy(
-                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
-            ),
-            "reshard_after_forward": engine != "zero2-fsdp",
-            "offload_policy": CPUOffloadPolicy(pin_memory=False)
-            if cfg.get("offload")
-            else OffloadPolicy(),
-        }
-        for block in _decoder_layers(net):
-            fully_shard(block, **kw)
-        fully_shard(net, **kw)
+    if "fsdp" in engine:
+        wrap: Wrap = "accelerate" if engine.startswith("accel") else "torchtitan"
+        reshard, offload = cfg.get("reshard", True), bool(cfg.get("offload"))
+        wrap_fsdp2(net, mesh, wrap=wrap, reshard=reshard, offload=offload)
     params = list(net.parameters())
     inner = _zro if engine.startswith("zero1") else _adamw
     if engine.startswith("megatron") or engine == "zero1-zro-master":
@@ -343,7 +328,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
     check_choice("engine", engine, list(ENGINES))
     check_choice("loop", loop, LOOPS)
     spec = as_spec(run.model)
-    if rank and ENGINES[engine].get("profile") not in ("zero1-torch", "deepspeed", "fsdp2"):
+    if rank and ENGINES[engine].get("profile") in (None, "ddp", "megatron"):
         raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):
         return measure_deepspeed(
@@ -357,7 +342,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
             steps=steps,
             bucket=ENGINES[engine].get("bucket"),
         )
-    fsdp = engine.endswith("fsdp")
+    fsdp = "fsdp" in engine
     needs_group = fsdp or engine.startswith("zero1")
     with (
         _maybe_group(ranks if needs_group else None, rank) as mesh,

@@ -51,7 +51,7 @@ Device = Literal["cuda", "cpu"]
 #: with ``--zero`` as DeepSpeed's flat partition; ``zero1-torch``: ZeroRedundancyOptimizer;
 #: ``ddp``: DistributedDataParallel; ``megatron``: Megatron-Core's DDP grad buffer and
 #: mixed-precision optimizer; ``deepspeed``: DeepSpeed's ZeRO-1/2 optimizer).
-Engine = Literal["hf", "zero1-torch", "ddp", "megatron", "deepspeed", "fsdp2"]
+Engine = Literal["hf", "zero1-torch", "ddp", "megatron", "deepspeed", "fsdp2", "accelerate-fsdp2"]
 #: How ZeRO-3 / FSDP divides the states over ranks (see :func:`vrammath.compose.rows.per_rank`).
 Shard = Literal["flat", "dim0"]
 #: the dtype the forward pass runs in

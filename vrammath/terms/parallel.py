@@ -121,7 +121,9 @@ def convention_bytes(
 
 
 #: The ZeRO stage an engine implies (``--engine ddp`` is plain data parallelism, stage 0).
-ENGINE_STAGES = {"zero1-torch": 1, "ddp": 0, "megatron": 0, "fsdp2": 3}
+#: The FSDP2 engines: ``fully_shard`` as torchtitan wraps a model, and as accelerate does.
+FSDP2_ENGINES = ("fsdp2", "accelerate-fsdp2")
+ENGINE_STAGES = {"zero1-torch": 1, "ddp": 0, "megatron": 0, **dict.fromkeys(FSDP2_ENGINES, 3)}
 
 
 class EngineFields(Protocol):
@@ -141,6 +143,8 @@ class EngineFields(Protocol):
     def reduce_bucket_size(self) -> int | None: ...
     @property
     def no_reshard(self) -> bool: ...
+    @property
+    def shard(self) -> str: ...
 
 
 def engine_stage(fields: EngineFields) -> int:
@@ -159,10 +163,10 @@ def engine_stage(fields: EngineFields) -> int:
     """
     engine, zero, gpus = fields.engine, fields.zero, fields.gpus
     rank, bucket_view = fields.rank, fields.bucket_view
-    if rank is not None and engine not in ("zero1-torch", "deepspeed", "fsdp2"):
+    if rank is not None and engine not in ("zero1-torch", "deepspeed", *FSDP2_ENGINES):
         raise InputError(
             "rank",
-            "is read only where ranks differ (--engine zero1-torch, deepspeed or fsdp2)",
+            "is read only where ranks differ (--engine zero1-torch, deepspeed or an FSDP2 one)",
             rank,
         )
     if rank is not None and rank >= gpus:
@@ -175,8 +179,10 @@ def engine_stage(fields: EngineFields) -> int:
             "is read only by --engine deepspeed",
             got=fields.reduce_bucket_size,
         )
-    if fields.no_reshard and engine != "fsdp2":
-        raise InputError("no_reshard", "is read only by --engine fsdp2", got=fields.no_reshard)
+    if fields.no_reshard and engine not in FSDP2_ENGINES:
+        raise InputError(
+            "no_reshard", "is read only by --engine fsdp2 or accelerate-fsdp2", fields.no_reshard
+        )
     if engine == "deepspeed":
         if zero in (1, 2):
             return zero
@@ -189,8 +195,13 @@ def engine_stage(fields: EngineFields) -> int:
     raise InputError("zero", f"--engine {engine} is ZeRO stage {stage}{why}", got=zero)
 
 
-def check_shard(shard: str, zero: int, gpus: int) -> None:
-    """Refuse ``--shard dim0`` where nothing shards the states (it would change nothing)."""
+def engine_shard(fields: EngineFields) -> str:
+    """How the setup's states divide: ``dim0`` under an FSDP2 engine over more than one GPU
+    (``fully_shard`` cuts every tensor on its dim 0), else the setup's ``shard``, refused as
+    ``dim0`` where nothing shards the states (it would change nothing)."""
+    shard, zero, gpus = fields.shard, fields.zero, fields.gpus
+    if fields.engine in FSDP2_ENGINES and gpus > 1:
+        return "dim0"
     if shard != "flat" and zero == 0:
         raise InputError(
             "shard", "is read only where ZeRO/FSDP shards states (--zero 1, 2 or 3)", shard
@@ -202,6 +213,7 @@ def check_shard(shard: str, zero: int, gpus: int) -> None:
             "rank holds every row, as flat does)",
             shard,
         )
+    return shard
 
 
 def tensor_numels(spec: ModelSpec) -> list[int]:
@@ -339,8 +351,9 @@ def flat_kept_gradients(numels: Sequence[int], world: int, alignment: int = 2) -
 
 
 #: The FSDP units :func:`dim0_unit_params` sizes: one decoder layer, the root module (what no
-#: layer holds: embeddings, final norm, head), every parameter.
-FsdpUnit = Literal["layer", "root", "all"]
+#: layer holds: embeddings, final norm, head), accelerate's tail (what no layer holds but the
+#: input embeddings: the final norm and the head), every parameter.
+FsdpUnit = Literal["layer", "root", "tail", "all"]
 
 
 def dim0_unit_params(spec: ModelSpec, unit: FsdpUnit) -> sympy.Expr:
@@ -359,7 +372,9 @@ def dim0_unit_params(spec: ModelSpec, unit: FsdpUnit) -> sympy.Expr:
     one = sympy.Integer(1)
     total = sympy.Integer(0)
     for t in tensors(spec):
-        if (unit == "layer" and t.count != L) or (unit == "root" and t.count != one):
+        if (unit == "layer" and t.count != L) or (unit in ("root", "tail") and t.count != one):
+            continue
+        if unit == "tail" and t.component in ("embedding", "positions"):
             continue
         padded = sympy.ceiling(t.shape[0] / N_d) * N_d * t.numel / t.shape[0]
         total += padded if unit != "all" else t.count * padded
@@ -412,14 +427,15 @@ def zro_partition(numels: Iterable[int], world: int) -> tuple[int, ...]:
 __all__ = [
     "CONVENTIONS",
     "ENGINE_STAGES",
+    "FSDP2_ENGINES",
     "FSDP_STRATEGIES",
     "STAGES",
     "EngineFields",
     "FsdpUnit",
-    "check_shard",
     "convention_bytes",
     "dim0_rank_params",
     "dim0_unit_params",
+    "engine_shard",
     "engine_stage",
     "flat_kept_gradients",
     "flat_padded_params",
