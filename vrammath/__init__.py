@@ -42,6 +42,7 @@ from vrammath.answers.report import (
     serve_table,
 )
 from vrammath.answers.sweep import sensitivities, sweep
+from vrammath.compose.accelerate_config import accelerate_fields, simple_yaml
 from vrammath.compose.engine_config import deepspeed_fields
 from vrammath.compose.estimate import Component, Estimate, estimate
 from vrammath.compose.setup import Setup
@@ -173,6 +174,7 @@ __all__ = [
     "Serve",
     "Setup",
     "Solution",
+    "accelerate_fields",
     "activation_exprs",
     "budget",
     "bytes_per_param",
@@ -247,6 +249,7 @@ __all__ = [
     "serve_dict",
     "serve_table",
     "serving_weight_bytes",
+    "simple_yaml",
     "size_values",
     "smallest",
     "state_values",

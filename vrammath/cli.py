@@ -31,6 +31,11 @@ from vrammath.answers.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.answers.fit import fit
 from vrammath.answers.formulas import FORMULA_OPTIONS, FORMULAS, formula_exprs, with_sizes
 from vrammath.answers.report import estimate_dict, estimate_table, serve_dict, serve_table
+from vrammath.compose.accelerate_config import (
+    accelerate_deepspeed_file,
+    accelerate_fields,
+    simple_yaml,
+)
 from vrammath.compose.engine_config import deepspeed_fields
 from vrammath.compose.estimate import estimate
 from vrammath.compose.setup import Setup, setup_warnings
@@ -79,6 +84,13 @@ def _add_engine_config(cmd: argparse.ArgumentParser) -> None:
         help="a DeepSpeed config file: its ZeRO stage, bucket, precision, micro-batch and "
         'optimizer set --engine deepspeed\'s fields ("auto" as the Hugging Face Trainer fills '
         "it); a key that changes memory and is not modelled is refused by name",
+    )
+    cmd.add_argument(
+        "--accelerate",
+        metavar="CONFIG_YAML",
+        help="an accelerate config file (YAML as `accelerate config` writes it, or JSON): "
+        "distributed_type, num_processes, mixed_precision and its FSDP or DeepSpeed section set "
+        "the engine's fields; a key that changes memory and is not modelled is refused by name",
     )
 
 
@@ -213,25 +225,46 @@ def training_config(args: argparse.Namespace) -> tuple[Setup, list[str]]:
     elif args.lora_rank is None:
         raise InputError("lora-targets", "needs --lora-rank", got=",".join(given["lora_targets"]))
     spec = resolve_model(args.model)
-    said: list[str] = []
-    path = getattr(args, "deepspeed", None)
-    if path is not None:
-        file = Path(path)
-        try:
-            config = json.loads(_read_limited(file, "deepspeed"))
-        except json.JSONDecodeError as exc:
-            why = f"{file.name} is not JSON ({exc.msg}, line {exc.lineno})"
-            raise InputError("deepspeed", why, got=str(file)) from None
-        fields, said = deepspeed_fields(config, spec)
-        defaults = {f.name: f.default for f in dataclasses.fields(Setup)}
-        for name, value in fields.items():
-            if given[name] not in (defaults[name], value):
-                raise InputError(
-                    name, f"is {value} in {file.name}; the flag says otherwise", got=given[name]
-                )
-            given[name] = value
-        said = [f"{file.name}: {line}" for line in said]
-    return Setup(spec, **given), said
+    ds_path, accel_path = getattr(args, "deepspeed", None), getattr(args, "accelerate", None)
+    if ds_path is not None and accel_path is not None:
+        raise InputError("deepspeed", "and --accelerate are one engine's file each: give one")
+    path = ds_path if ds_path is not None else accel_path
+    if path is None:
+        return Setup(spec, **given), []
+    file = Path(path)
+    if ds_path is not None:
+        fields, said = deepspeed_fields(_config_file(file, "deepspeed", yaml=False), spec)
+    else:
+        config = _config_file(file, "accelerate", yaml=True)
+        named = accelerate_deepspeed_file(config)
+        ds_file = None
+        if named is not None:  # as accelerate opens it; else beside the accelerate file
+            found = Path(named) if Path(named).is_file() else file.parent / named
+            ds_file = _config_file(found, "deepspeed_config.deepspeed_config_file", yaml=False)
+        fields, said = accelerate_fields(config, spec, ds_file)
+    defaults = {f.name: f.default for f in dataclasses.fields(Setup)}
+    for name, value in fields.items():
+        if given[name] not in (defaults[name], value):
+            raise InputError(
+                name, f"is {value} in {file.name}; the flag says otherwise", got=given[name]
+            )
+        given[name] = value
+    return Setup(spec, **given), [f"{file.name}: {line}" for line in said]
+
+
+def _config_file(file: Path, field: str, *, yaml: bool) -> dict[str, Any]:
+    """An engine's config file parsed: JSON, or (``yaml``) accelerate's YAML."""
+    text = _read_limited(file, field)
+    if yaml and not text.lstrip().startswith("{"):
+        return simple_yaml(text)
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        why = f"{file.name} is not JSON ({exc.msg}, line {exc.lineno})"
+        raise InputError(field, why, got=str(file)) from None
+    if not isinstance(config, dict):
+        raise InputError(field, "must be a JSON object", got=type(config).__name__)
+    return config
 
 
 def _cmd_estimate(args: argparse.Namespace) -> Result:

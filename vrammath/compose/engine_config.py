@@ -6,7 +6,8 @@ the way the Hugging Face Trainer hands it to DeepSpeed: its ``"auto"`` values ar
 ``HfTrainerDeepSpeedConfig.trainer_config_process`` and ``trainer_config_finalize`` fill them
 (``transformers/integrations/deepspeed.py``): ``reduce_bucket_size`` from the model's hidden
 size (``hidden_size * hidden_size``), the micro-batch and the precision from the Trainer's own
-arguments, which are the CLI's flags here.
+arguments, which are the CLI's flags here. A key the file leaves out keeps DeepSpeed's default
+(``reduce_bucket_size`` 5e8): the Trainer fills only the ``"auto"`` ones.
 
 Every key is one of four kinds, and the reader says which:
 
@@ -110,7 +111,8 @@ _OPT_PARAMS = frozenset(
 )  # fmt: skip
 
 
-def _mapping(value: object, key: str) -> Mapping[str, Any]:
+def config_mapping(value: object, key: str) -> Mapping[str, Any]:
+    """``value`` as a JSON object, refused by ``key`` otherwise."""
     if not isinstance(value, Mapping):
         raise InputError(key, "must be a JSON object", got=type(value).__name__)
     return value
@@ -130,7 +132,7 @@ def _precision(config: Mapping[str, Any], said: list[str]) -> str | None:
     both are ``"auto"`` (the Trainer's ``--bf16``/``--fp16``: the CLI's ``--recipe``)."""
     enabled: dict[str, object] = {}
     for name in ("bf16", "fp16"):
-        section = _mapping(config.get(name, {}), name)
+        section = config_mapping(config.get(name, {}), name)
         for key in section:
             if key != "enabled" and (name == "bf16" or key not in _FP16_KEYS):
                 if name == "fp16" and key == "auto_cast" and section[key] is False:
@@ -170,7 +172,7 @@ def _optimizer(section: Mapping[str, Any], said: list[str]) -> Fields:
             "must be Adam or AdamW (DeepSpeed's other optimizers are not modelled)",
             got=kind,
         )
-    params = _mapping(section.get("params", {}), "optimizer.params")
+    params = config_mapping(section.get("params", {}), "optimizer.params")
     for key in params:
         if key == "amsgrad" and params[key]:
             raise InputError("optimizer.params.amsgrad", "must be false (not modelled)", True)
@@ -197,17 +199,19 @@ def _zero(section: Mapping[str, Any], spec: ModelSpec, said: list[str]) -> Field
         }.get(stage, "DeepSpeed's stages are 0 to 3")
         raise InputError("zero_optimization.stage", f"must be 1 or 2 ({why})", got=stage)
     out: Fields = {"engine": "deepspeed", "zero": stage}
-    bucket = section.get("reduce_bucket_size", "auto")
-    key = "zero_optimization.reduce_bucket_size"
-    out["reduce_bucket_size"] = (
-        spec.hidden * spec.hidden if bucket == "auto" else _count(bucket, key)
-    )
+    # absent, DeepSpeed's own default stands (5e8): the Trainer fills only an "auto"
+    bucket = section.get("reduce_bucket_size")
+    if bucket is not None:
+        key = "zero_optimization.reduce_bucket_size"
+        out["reduce_bucket_size"] = (
+            spec.hidden * spec.hidden if bucket == "auto" else _count(bucket, key)
+        )
     for key, value in section.items():
         name = f"zero_optimization.{key}"
         if key in ("stage", "reduce_bucket_size") or key in _ZERO_NOTHING:
             continue
         if key in ("offload_optimizer", "offload_param"):
-            device = _mapping(value, name).get("device", "none")
+            device = config_mapping(value, name).get("device", "none")
             if device not in ("none", None):
                 raise InputError(
                     f"{name}.device", "must be none (offload is not modelled yet)", got=device
@@ -232,9 +236,11 @@ def deepspeed_fields(config: Mapping[str, Any], spec: ModelSpec) -> tuple[Fields
     """The :class:`~vrammath.compose.setup.Setup` fields a DeepSpeed config sets, and its
     one-line warnings (unknown keys, assumptions); a key that changes memory and is not
     modelled raises :class:`~vrammath.notation.errors.InputError` naming it."""
-    config = _mapping(config, "deepspeed")
+    config = config_mapping(config, "deepspeed")
     said: list[str] = []
-    fields = _zero(_mapping(config.get("zero_optimization", {}), "zero_optimization"), spec, said)
+    fields = _zero(
+        config_mapping(config.get("zero_optimization", {}), "zero_optimization"), spec, said
+    )
     recipe = _precision(config, said)
     if recipe is not None:
         fields["recipe"] = recipe
@@ -242,7 +248,7 @@ def deepspeed_fields(config: Mapping[str, Any], spec: ModelSpec) -> tuple[Fields
     if micro != "auto":
         fields["micro_batch"] = _count(micro, "train_micro_batch_size_per_gpu")
     if "optimizer" in config:
-        fields |= _optimizer(_mapping(config["optimizer"], "optimizer"), said)
+        fields |= _optimizer(config_mapping(config["optimizer"], "optimizer"), said)
     for key, value in config.items():
         if key in _TOP_DEFAULTS:
             default, why = _TOP_DEFAULTS[key]
@@ -265,4 +271,4 @@ def _shown(value: object) -> object:
     return "an object" if isinstance(value, Mapping) else value
 
 
-__all__ = ["Fields", "deepspeed_fields"]
+__all__ = ["Fields", "config_mapping", "deepspeed_fields"]

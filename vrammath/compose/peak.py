@@ -85,7 +85,7 @@ class Groups:
     kept ones, :func:`vrammath.compose.engines.deepspeed_epilogue`); ``forward`` what the forward
     alone adds to every moment (FSDP2's kept all-gather output when nothing reshards);
     ``unshard`` everything gathered while a layer is gathered in the forward, before that layer's
-    activations exist (:func:`vrammath.compose.engines.fsdp2_layer_unshard`).
+    activations exist (:func:`vrammath.compose.fsdp2.fsdp2_layer_unshard`).
     """
 
     weights: sympy.Expr

@@ -95,14 +95,18 @@ from vrammath.compose.engines import (
     ddp_note,
     deepspeed_epilogue,
     deepspeed_step,
+    main_grad_buffer,
+    main_grad_copies,
+    reduce_bucket,
+)
+from vrammath.compose.fsdp2 import (
     fsdp2_all_gather_kept,
     fsdp2_all_gather_resharded,
     fsdp2_layer_unshard,
     fsdp2_reduce,
     fsdp2_unsharded,
-    main_grad_buffer,
-    main_grad_copies,
-    reduce_bucket,
+    fsdp2_unsharded_note,
+    last_all_gather_label,
 )
 from vrammath.compose.rows import (
     ShardGroup,
@@ -323,11 +327,11 @@ TERMS: tuple[Term, ...] = (
         builder=fsdp2_unsharded,
         group="in-flight",
         live="forward+backward",
-        note="the root module's (every module's with reshard_after_forward=False), param_dtype",
+        note=fsdp2_unsharded_note,
     ),
     Term(
         key="all_gather",
-        label="all-gather output, one layer (FSDP2)",
+        label=last_all_gather_label,
         device="gpu",
         builder=fsdp2_all_gather_resharded,
         group="in-flight",
@@ -336,12 +340,12 @@ TERMS: tuple[Term, ...] = (
     ),
     Term(
         key="all_gather_kept",
-        label="all-gather output, one layer (FSDP2)",
+        label=last_all_gather_label,
         device="gpu",
         builder=fsdp2_all_gather_kept,
         group="in-flight",
         live="forward",
-        note="the last layer's, kept to the end of the forward",
+        note="the forward's last, kept to its end",
     ),
     Term(
         key="layer_unshard",

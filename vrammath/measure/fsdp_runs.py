@@ -10,11 +10,14 @@
   (``accelerate/utils/fsdp_utils.py``) does under ``mixed_precision: bf16`` on an untied model:
   every decoder layer, the input embedding, ``[final norm, head]`` with
   ``reshard_after_forward=False``, then the model with FSDP2's own default for the root;
-  ``MixedPrecisionPolicy(param_dtype=reduce_dtype=output_dtype=bf16)``.
+  ``MixedPrecisionPolicy(param_dtype=reduce_dtype=output_dtype=bf16)``; and the forward
+  wrapped as ``Accelerator.prepare_model`` wraps it under native AMP: ``torch.autocast`` (here
+  the CPU's) and ``convert_outputs_to_fp32``, so the outputs come back in fp32.
 """
 
 from __future__ import annotations
 
+from types import MethodType
 from typing import Any, Literal
 
 from vrammath.measure.step import _decoder_layers
@@ -55,6 +58,11 @@ def wrap_fsdp2(net: Any, mesh: Any, *, wrap: Wrap, reshard: bool, offload: bool)
         fully_shard([net.model.norm, head], **{**kw, "reshard_after_forward": False})
         kw = {k: v for k, v in kw.items() if k != "reshard_after_forward"}
     fully_shard(net, **kw)
+    if wrap == "accelerate":
+        from accelerate.utils import convert_outputs_to_fp32
+
+        forward = torch.autocast(device_type="cpu", dtype=bf16)(type(net).forward)
+        net.forward = MethodType(convert_outputs_to_fp32(forward), net)
 
 
 __all__ = ["Wrap", "wrap_fsdp2"]
