@@ -64,23 +64,18 @@ ZRO_GROUPS: tuple[Group, ...] = ("optimizer", "temporaries")
 
 
 @functools.lru_cache(maxsize=256)
-def _partition(spec: ModelSpec, world: int) -> tuple[int, ...]:
-    return zro_partition(tensor_numels(spec), world)
-
-
-@functools.lru_cache(maxsize=256)
 def _slices(spec: ModelSpec, world: int) -> list[list[tuple[int, int]]]:
     return flat_rank_slices(module_order_numels(spec), world)
 
 
 @functools.lru_cache(maxsize=256)
-def _kept(spec: ModelSpec, world: int) -> tuple[int, ...]:
-    return flat_kept_gradients(module_order_numels(spec), world)
-
-
-@functools.lru_cache(maxsize=256)
-def _rows(spec: ModelSpec, world: int) -> tuple[int, ...]:
-    return dim0_rank_params(spec, world)
+def _shares(engine: str, spec: ModelSpec, world: int) -> tuple[int, ...]:
+    """Each rank's share ``P_r`` under an engine whose ranks differ (cached: a fit searches)."""
+    if engine == "deepspeed":  # whole gradients of the tensors its flat range touches
+        return flat_kept_gradients(module_order_numels(spec), world)
+    if engine in FSDP2_ENGINES:  # its unpadded dim-0 rows
+        return dim0_rank_params(spec, world)
+    return zro_partition(tensor_numels(spec), world)  # whole tensors' optimizer states
 
 
 #: The field of :class:`vrammath.compose.peak.Groups` each row one phase holds apart from the
@@ -108,10 +103,7 @@ def counted_rank(setup: Setup) -> tuple[int, int]:
     rows it owns (``fsdp2``); the setup's ``rank``, or the busiest (the lowest index among the
     fullest)."""
     world = setup.gpus
-    ranked = {"deepspeed": _kept, **dict.fromkeys(FSDP2_ENGINES, _rows)}.get(
-        setup.engine, _partition
-    )
-    sizes = ranked(setup.model, world)
+    sizes = _shares(setup.engine, setup.model, world)
     rank = sizes.index(max(sizes)) if setup.rank is None else setup.rank
     return rank, sizes[rank]
 
@@ -287,7 +279,7 @@ def deepspeed_step(ctx: Context) -> sympy.Expr | None:
         s.optimizer, s.implementation, ctx.recipe.state, params=ps, largest=ps
     )
     # the pieces flattened: the slices, and the zero pad of a range reaching into the padding
-    padded = sum(n for n, _ in mine) != _kept(s.model, s.gpus)[rank]
+    padded = sum(n for n, _ in mine) != _shares(s.engine, s.model, s.gpus)[rank]
     copy = 2 * ps if len(mine) + padded > 1 else 0
     kept = ctx.recipe.gradients * P_r
     # the first step makes the optimizer's states inside its own step, after the norm and the
@@ -315,6 +307,18 @@ FSDP2_RECIPES = ("bf16-mixed", "fp32", "bf16-pure")
 Refusal = tuple[str, bool, object, str]
 
 
+def _optimizer_refusal(s: Setup, why: str) -> Refusal:
+    """The optimizers whose states are not one tensor per parameter tensor, refused."""
+    return ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
+            f"adamw, adam, sgd or sgd-momentum ({why})")  # fmt: skip
+
+
+def _for_loop_refusal(s: Setup, why: str) -> Refusal:
+    """A for-loop AdamW step, whose transients follow one tensor at a time, refused."""
+    for_loop = s.implementation == "for-loop" and s.optimizer in ("adamw", "adam")
+    return ("implementation", for_loop, s.implementation, f"foreach or fused ({why})")
+
+
 def check_engine(setup: Setup) -> None:
     """Refuse what an engine's rules do not describe yet, naming the field."""
     s = setup
@@ -334,8 +338,7 @@ def check_engine(setup: Setup) -> None:
             ("recipe", s.recipe not in MEGATRON_RECIPES, s.recipe,
              "one of " + ", ".join(MEGATRON_RECIPES) + " (Megatron's optimizers keep fp32 "
              "masters or run in fp32)"),
-            ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
-             "adamw, adam, sgd or sgd-momentum (Megatron-Core's optimizers)"),
+            _optimizer_refusal(s, "Megatron-Core's optimizers"),
             ("offload_optimizer", s.offload_optimizer or s.offload_params, True,
              "false (Megatron offloads only with its distributed optimizer, not modelled)"),
         )  # fmt: skip
@@ -344,8 +347,7 @@ def check_engine(setup: Setup) -> None:
             ("recipe", s.recipe not in ("bf16-mixed", "fp16-mixed"), s.recipe,
              "bf16-mixed or fp16-mixed (16-bit weights and gradients, fp32 masters: its "
              "ZeRO-1/2 optimizer)"),
-            ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
-             "adamw, adam, sgd or sgd-momentum (stepped on one flat fp32 partition)"),
+            _optimizer_refusal(s, "stepped on one flat fp32 partition"),
             ("offload_optimizer", s.offload_optimizer, True,
              "false (ZeRO-Offload's pinned buffers are not modelled yet)"),
             ("shard", s.shard != "flat", s.shard, "flat (DeepSpeed's flat buffer)"),
@@ -367,20 +369,16 @@ def check_engine(setup: Setup) -> None:
             ("recipe", s.recipe not in FSDP2_RECIPES, s.recipe,
              "one of " + ", ".join(FSDP2_RECIPES) + " (MixedPrecisionPolicy: bf16 compute over "
              "fp32 shards, fp32 throughout, or a bf16 model)"),
-            ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
-             "adamw, adam, sgd or sgd-momentum (states made like each shard)"),
-            ("implementation", s.implementation == "for-loop" and s.optimizer in ("adamw", "adam"),
-             s.implementation, "foreach or fused (a for-loop step follows one shard at a time)"),
+            _optimizer_refusal(s, "states made like each shard"),
+            _for_loop_refusal(s, "a for-loop step follows one shard at a time"),
             ("offload_optimizer", s.offload_optimizer != s.offload_params, s.offload_optimizer,
              "the same as offload_params (CPUOffloadPolicy moves every shard, parameters, "
              "gradients and optimizer states, to the host)"),
         )  # fmt: skip
     else:  # zero1-torch: its step runs the inner optimizer on whole tensors
         refusals += (
-            ("optimizer", s.optimizer in ("adam8bit", "adafactor"), s.optimizer,
-             "adamw, adam, sgd or sgd-momentum (states shaped by the tensors it gets)"),
-            ("implementation", s.implementation == "for-loop" and s.optimizer in ("adamw", "adam"),
-             s.implementation, "foreach or fused (a for-loop step follows the largest tensor)"),
+            _optimizer_refusal(s, "states shaped by the tensors it gets"),
+            _for_loop_refusal(s, "a for-loop step follows the largest tensor"),
             ("offload_optimizer", s.offload_optimizer, True, "false (it does not offload)"),
             ("shard", s.shard != "flat", s.shard, "flat (the engine assigns whole tensors)"),
         )  # fmt: skip

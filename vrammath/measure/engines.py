@@ -234,23 +234,21 @@ ROWS: list[dict[str, Any]] = [
     # Megatron-Core's grad buffer on the other two shapes, one per buffer dtype
     _row("megatron-main-grad", "tiny-qwen-tied", 1, 256, quick=True),
     _row("megatron-bf16-grad", "tiny-odd-head", 1, 256, quick=True),
-    # FSDP2: the last ranks own fewer rows (their optimizer states follow), three shapes
+    # FSDP2: the last ranks own fewer rows (their optimizer states follow), three shapes;
+    # accelerate's wrap on the two untied ones (it refuses tied embeddings)
     *(
-        _row(e, m, 1, 256, quick=True, rank=r)
-        for e, m, r in (
-            ("zero3-fsdp", "tiny-llama", 7),
-            ("zero3-fsdp", "tiny-qwen-tied", 0),
-            ("zero3-fsdp", "tiny-qwen-tied", 7),
-            ("zero3-fsdp", "tiny-odd-head", 7),
-            ("zero2-fsdp", "tiny-qwen-tied", 7),
-            ("zero2-fsdp", "tiny-odd-head", 0),
-            ("offload-fsdp", "tiny-odd-head", 7),
-            ("accel-fsdp", "tiny-llama", 0),
-            ("accel-fsdp", "tiny-llama", 7),
-            ("accel-fsdp", "tiny-odd-head", 0),
-            ("accel-fsdp", "tiny-odd-head", 7),
-            ("accel-fsdp-keep", "tiny-llama", 0),
+        _row(e, m, 1, 256, quick=True, rank=int(r))
+        for e, shapes in (
+            (
+                "zero3-fsdp",
+                ("tiny-llama/7", "tiny-qwen-tied/0", "tiny-qwen-tied/7", "tiny-odd-head/7"),
+            ),
+            ("zero2-fsdp", ("tiny-qwen-tied/7", "tiny-odd-head/0")),
+            ("offload-fsdp", ("tiny-odd-head/7",)),
+            ("accel-fsdp", ("tiny-llama/0", "tiny-llama/7", "tiny-odd-head/0", "tiny-odd-head/7")),
+            ("accel-fsdp-keep", ("tiny-llama/0",)),
         )
+        for m, r in (shape.split("/") for shape in shapes)
     ),
     # DeepSpeed ZeRO-1/2: its ranks keep different whole gradients; the last rank and two shapes
     _row("deepspeed-zero2", "tiny-llama", 1, 256, quick=True, rank=7),
