@@ -92,8 +92,16 @@ def test_the_measured_config_gives_the_measured_rows_setup() -> None:
 @pytest.mark.parametrize(
     ("change", "key"),
     [
-        ({"zero_optimization": {"stage": 3}}, "zero_optimization.stage"),
+        ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
         ({"zero_optimization": {"stage": 0}}, "zero_optimization.stage"),
+        (
+            {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": "auto"}},
+            "zero_optimization.stage3_max_live_parameters",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "stage3_model_persistence_threshold": 10**6}},
+            "zero_optimization.stage3_model_persistence_threshold",
+        ),
         (
             {"zero_optimization": {"stage": 2, "overlap_comm": True}},
             "zero_optimization.overlap_comm",

@@ -290,8 +290,8 @@ def test_deepspeed_step_and_bucket() -> None:
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"zero": 3}, "zero"),
         ({"zero": 0}, "zero"),
+        ({"zero": 3, "offload_params": True, "offload_optimizer": True}, "offload_optimizer"),
         ({"recipe": "fp32"}, "recipe"),
         ({"optimizer": "adafactor"}, "optimizer"),
         ({"offload_optimizer": True}, "offload_optimizer"),

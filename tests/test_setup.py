@@ -37,7 +37,10 @@ def test_tuples_are_the_literals() -> None:
 
 def test_every_field_is_declared_once_and_drives_cli_and_json() -> None:
     declared = [o.name for o in options(Setup)]
-    assert declared == [f.name for f in dataclasses.fields(Setup)][1:]  # all but the model
+    # all but the model and DeepSpeed ZeRO-3's gathering keys, which only its config sets
+    # (the estimate's engine line prints them)
+    fields = [f.name for f in dataclasses.fields(Setup)][1:]
+    assert declared == [name for name in fields if name != "stage3"]
     assert len(declared) == 36
     parser = build_parser()
     sub: Any = next(a for a in parser._actions if a.dest == "command").choices

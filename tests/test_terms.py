@@ -43,6 +43,8 @@ def test_the_table_is_well_formed() -> None:
         "gradients",
         "ddp_buckets",  # resident gradient buffers (the gradients, as bucket views)
         "main_grads",  # Megatron's resident gradient buffer (the gradients)
+        "stage3_grad_partitions",  # DeepSpeed ZeRO-3's resident gradient buffer
+        "stage3_ipg_bucket",  # and its reduce bucket, made with the optimizer
         "master",
         "optimizer",
         "quant_constants",

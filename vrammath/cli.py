@@ -243,8 +243,8 @@ def training_config(args: argparse.Namespace) -> tuple[Setup, list[str]]:
             ds_file = _config_file(found, "deepspeed_config.deepspeed_config_file", yaml=False)
         fields, said = accelerate_fields(config, spec, ds_file)
     defaults = {f.name: f.default for f in dataclasses.fields(Setup)}
-    for name, value in fields.items():
-        if given[name] not in (defaults[name], value):
+    for name, value in fields.items():  # stage3 has no flag: the config alone sets it
+        if given.get(name, defaults[name]) not in (defaults[name], value):
             raise InputError(
                 name, f"is {value} in {file.name}; the flag says otherwise", got=given[name]
             )

@@ -25,6 +25,7 @@ from vrammath.model.params import param_count
 from vrammath.notation.fields import field_values
 from vrammath.notation.units import fmt_gb, fmt_gib
 from vrammath.serve.estimate import ServeEstimate
+from vrammath.terms.deepspeed3 import stage3_partition
 from vrammath.terms.moe.params import param_summary
 
 
@@ -68,7 +69,7 @@ def estimate_dict(est: Estimate) -> dict[str, object]:
     if setup.model.experts is not None:
         out["moe"] = moe_dict(est)
     out["engine"] = engine_line(est)
-    if setup.engine in RANKED_ENGINES:
+    if setup.engine in RANKED_ENGINES and not (setup.engine == "deepspeed" and setup.zero == 3):
         index, owned = counted_rank(setup)
         what = {"zero1-torch": "optimizer_params", "deepspeed": "gradient_params"}.get(
             setup.engine, "owned_rows_params"
@@ -130,6 +131,17 @@ def engine_line(est: Estimate) -> str | None:
             f"engine: ZeroRedundancyOptimizer; rank {index} of {setup.gpus} ({which}) owns the "
             f"optimizer states of {owned:,} of {param_count(setup.model):,} parameters "
             "(whole tensors)"
+        )
+    if setup.engine == "deepspeed" and setup.zero == 3:
+        k = setup.stage3
+        part = stage3_partition(setup.model, setup.gpus)
+        return (
+            f"engine: DeepSpeed ZeRO-3; every rank holds {part:,} of "
+            f"{param_count(setup.model):,} parameters (ceil(numel/N) of every tensor); reduce "
+            f"bucket {setup.reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET:,} elements; prefetch "
+            f"{k.prefetch_bucket_size:,}, max live {k.max_live_parameters:,}, max reuse distance "
+            f"{k.max_reuse_distance:,}, persistence threshold {k.param_persistence_threshold:,}, "
+            f"sub-group {k.sub_group_size:,} elements"
         )
     if setup.engine == "deepspeed":
         index, kept = counted_rank(setup)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sympy
 
+from vrammath.compose.deepspeed3 import is_stage3
 from vrammath.compose.peak import LOSS_BYTES
 from vrammath.compose.rows import (
     CPU_ADAM_GRAD_BYTES,
@@ -31,7 +32,7 @@ from vrammath.terms.states import optimizer_step_temp_expr, step_temporaries_exp
 def weights(ctx: Context) -> sympy.Expr:
     if ctx.lora:
         return ctx.frozen_base["weights"]
-    if ctx.setup.engine == "deepspeed":  # its flat 16-bit buffer holds them, padded
+    if ctx.setup.engine == "deepspeed" and not is_stage3(ctx.setup):  # its flat buffer, padded
         return ctx.model_states["weights"].xreplace({P: flat_padded_params()})
     return ctx.model_states["weights"]
 
@@ -63,6 +64,8 @@ def state(key: str) -> Builder:
         if key == "gradients" and ctx.setup.bucket_view:  # views of DDP's buckets
             return None
         if key == "gradients" and ctx.setup.engine == "megatron":  # in its main_grad buffer
+            return None
+        if key == "gradients" and is_stage3(ctx.setup):  # in its grad_partitions_flat_buffer
             return None
         return ctx.model_states[key]
 
@@ -136,14 +139,15 @@ def layer_params(ctx: Context) -> sympy.Expr:
 
 
 def gathered(ctx: Context) -> sympy.Expr | None:
-    # gathered for compute even when the shards live on the CPU; FSDP2's own rows stand for it
-    if ctx.setup.zero != 3 or ctx.setup.engine in FSDP2_ENGINES:
+    # gathered for compute even when the shards live on the CPU; FSDP2's and DeepSpeed's own
+    # rows stand for it
+    if ctx.setup.zero != 3 or ctx.setup.engine in (*FSDP2_ENGINES, "deepspeed"):
         return None
     return 2 * ctx.recipe.weights * layer_params(ctx)
 
 
 def reduce_buffer(ctx: Context) -> sympy.Expr | None:
-    if ctx.setup.zero != 3 or ctx.setup.engine in FSDP2_ENGINES:
+    if ctx.setup.zero != 3 or ctx.setup.engine in (*FSDP2_ENGINES, "deepspeed"):
         return None
     return ctx.recipe.gradients * layer_params(ctx)
 

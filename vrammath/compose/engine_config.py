@@ -11,12 +11,14 @@ arguments, which are the CLI's flags here. A key the file leaves out keeps DeepS
 
 Every key is one of four kinds, and the reader says which:
 
-* **modelled** -- it sets a field (``zero_optimization.stage``, ``reduce_bucket_size``,
+* **modelled** -- it sets a field (``zero_optimization.stage``, ``reduce_bucket_size``, stage
+  3's ``stage3_prefetch_bucket_size``, ``stage3_param_persistence_threshold``,
+  ``stage3_max_live_parameters``, ``stage3_max_reuse_distance`` and ``sub_group_size``,
   ``bf16``/``fp16``, ``train_micro_batch_size_per_gpu``, ``optimizer``);
 * **changes nothing** the estimate counts -- accepted (logging, schedules, the learning rate,
   gradient clipping, the stage-3 keys at stages 1 and 2, ...);
 * **changes memory and is not modelled** -- refused, naming the key (``overlap_comm: true``,
-  ``offload_optimizer``, ``contiguous_gradients: false``, stage 0 or 3, ...);
+  ``offload_optimizer``, ``contiguous_gradients: false``, stage 0, ...);
 * **unknown** -- a one-line warning each.
 
 Examples
@@ -40,11 +42,13 @@ vrammath.notation.errors.InputError: zero_optimization.overlap_comm: must be fal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
+from vrammath.terms.deepspeed3 import Stage3Knobs
 
 Fields = dict[str, object]
 """The :class:`~vrammath.compose.setup.Setup` fields a config sets, by name, with their values."""
@@ -63,7 +67,8 @@ _DS_NOTHING = frozenset(
 )  # fmt: skip
 
 #: ``zero_optimization`` keys that change nothing at stages 1 and 2 (stage 3's, save-time
-#: gathering, checkpoint layout, all-gathers into the flat buffer itself).
+#: gathering, checkpoint layout, all-gathers into the flat buffer itself); at stage 3 its
+#: gathering keys are read (:data:`_STAGE3_KEYS`) and its persistence cap refused.
 _ZERO_NOTHING = frozenset(
     {
         "allgather_partitions", "allgather_bucket_size", "load_from_fp32_weights",
@@ -190,15 +195,55 @@ def _optimizer(section: Mapping[str, Any], said: list[str]) -> Fields:
     return {"optimizer": "adamw" if adamw else "adam", "implementation": implementation}
 
 
+#: Stage 3's gathering keys (either spelling DeepSpeed accepts), the field of
+#: :class:`~vrammath.terms.deepspeed3.Stage3Knobs` each sets, and the Trainer's ``"auto"`` as a
+#: function of the hidden size (``trainer_config_finalize``; None: no ``"auto"``).
+_STAGE3_KEYS: dict[str, tuple[str, Callable[[int], int] | None]] = {
+    "stage3_prefetch_bucket_size": ("prefetch_bucket_size", lambda h: int(0.9 * h * h)),
+    "stage3_param_persistence_threshold": ("param_persistence_threshold", lambda h: 10 * h),
+    "stage3_max_live_parameters": ("max_live_parameters", None),
+    "stage3_max_reuse_distance": ("max_reuse_distance", None),
+    "sub_group_size": ("sub_group_size", None),
+}
+
+
+def _stage3(section: Mapping[str, Any], spec: ModelSpec) -> Stage3Knobs:
+    """Stage 3's gathering keys, ``"auto"`` filled as the Trainer fills it."""
+    knobs: dict[str, int] = {}
+    for key, (field, auto) in _STAGE3_KEYS.items():
+        short = key.removeprefix("stage3_")
+        for name in {key, short}:
+            if name not in section:
+                continue
+            value, full = section[name], f"zero_optimization.{name}"
+            if value == "auto" and auto is not None:
+                knobs[field] = auto(spec.hidden)
+            elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                allowed = 'a number >= 0 or "auto"' if auto else "a number >= 0"
+                raise InputError(full, f"must be {allowed}", got=value)
+            else:
+                knobs[field] = int(value)
+    for name in ("stage3_model_persistence_threshold", "model_persistence_threshold"):
+        value = section.get(name, sys.maxsize)
+        if value != sys.maxsize:
+            raise InputError(
+                f"zero_optimization.{name}",
+                "must be left out (a cap on the persistent parameters is not modelled)",
+                got=value,
+            )
+    return Stage3Knobs(**knobs)
+
+
 def _zero(section: Mapping[str, Any], spec: ModelSpec, said: list[str]) -> Fields:
     stage = section.get("stage", 0)
-    if stage not in (1, 2) or isinstance(stage, bool):
+    if stage not in (1, 2, 3) or isinstance(stage, bool):
         why = {
             0: "DeepSpeed without ZeRO is not modelled (--engine ddp is plain data parallelism)",
-            3: "stage 3 is not modelled yet",
         }.get(stage, "DeepSpeed's stages are 0 to 3")
-        raise InputError("zero_optimization.stage", f"must be 1 or 2 ({why})", got=stage)
+        raise InputError("zero_optimization.stage", f"must be 1, 2 or 3 ({why})", got=stage)
     out: Fields = {"engine": "deepspeed", "zero": stage}
+    if stage == 3:
+        out["stage3"] = _stage3(section, spec)
     # absent, DeepSpeed's own default stands (5e8): the Trainer fills only an "auto"
     bucket = section.get("reduce_bucket_size")
     if bucket is not None:
@@ -209,7 +254,7 @@ def _zero(section: Mapping[str, Any], spec: ModelSpec, said: list[str]) -> Field
     for key, value in section.items():
         name = f"zero_optimization.{key}"
         if key in ("stage", "reduce_bucket_size") or key in _ZERO_NOTHING:
-            continue
+            continue  # stage 3's gathering keys: read by _stage3 above
         if key in ("offload_optimizer", "offload_param"):
             device = config_mapping(value, name).get("device", "none")
             if device not in ("none", None):

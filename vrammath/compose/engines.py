@@ -40,12 +40,15 @@ import functools
 
 import sympy
 
+from vrammath.compose.deepspeed3 import DEEPSPEED_REDUCE_BUCKET, is_stage3
+from vrammath.compose.deepspeed3 import bucket_elements as _bucket_elements
 from vrammath.compose.rows import Context, Group, Term
 from vrammath.compose.setup import Setup
 from vrammath.model.params import param_count
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.notation.symbols import N_d, P, P_r
+from vrammath.terms.deepspeed3 import stage3_partition
 from vrammath.terms.parallel import (
     FSDP2_ENGINES,
     dim0_rank_params,
@@ -88,13 +91,11 @@ PHASE_ROWS = {
     "deepspeed_epilogue": "epilogue",
     "all_gather_kept": "forward",
     "layer_unshard": "unshard",
+    "stage3_held": "held",
 }
 
 #: The engines whose ranks hold different shares (``P_r``): of whole tensors, or of rows.
 RANKED_ENGINES = ("zero1-torch", "deepspeed", *FSDP2_ENGINES)
-
-#: DeepSpeed's default ``reduce_bucket_size`` (elements), ``deepspeed/runtime/zero/config.py``.
-DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
 
 def counted_rank(setup: Setup) -> tuple[int, int]:
@@ -132,6 +133,8 @@ def own_share(setup: Setup, term: Term) -> sympy.Expr | None:
         return P_r
     if setup.engine in FSDP2_ENGINES:  # states made like the unpadded shard; shards padded
         return P_r if term.group in ZRO_GROUPS else None
+    if is_stage3(setup):  # every tensor cut on its own: ceil(numel / N_d) each
+        return sympy.Integer(stage3_partition(setup.model, setup.gpus))
     if setup.engine == "deepspeed":  # the flat buffer is padded to a multiple of 2 N_d
         return flat_padded_params() / N_d
     return None
@@ -196,13 +199,9 @@ def reduce_bucket(ctx: Context) -> sympy.Expr | None:
     ``validation/engines.json``, rows ``deepspeed-zero1`` and ``deepspeed-zero2``.
     """
     s = ctx.setup
-    if s.engine != "deepspeed":
+    if s.engine != "deepspeed" or s.zero == 3:  # stage 3: vrammath.compose.deepspeed3
         return None
     return sympy.Integer(_bucket_elements(s) * ctx.recipe.gradients)
-
-
-def _bucket_elements(setup: Setup) -> int:
-    return DEEPSPEED_REDUCE_BUCKET if setup.reduce_bucket_size is None else setup.reduce_bucket_size
 
 
 def deepspeed_epilogue(ctx: Context) -> sympy.Expr | None:
@@ -221,7 +220,7 @@ def deepspeed_epilogue(ctx: Context) -> sympy.Expr | None:
     than the model, ``deepspeed-zero*-bucket1m``.
     """
     s = ctx.setup
-    if s.engine != "deepspeed":
+    if s.engine != "deepspeed" or s.zero == 3:  # stage 3: vrammath.compose.deepspeed3
         return None
     width, bucket, params = ctx.recipe.gradients, _bucket_elements(s), param_count(s.model)
     kept = width * P_r
@@ -270,7 +269,7 @@ def deepspeed_step(ctx: Context) -> sympy.Expr | None:
     ``get_norm_dtype``. Measured (bf16): ``validation/engines.json``, rows ``deepspeed-zero*``.
     """
     s = ctx.setup
-    if s.engine != "deepspeed":
+    if s.engine != "deepspeed" or s.zero == 3:  # stage 3: vrammath.compose.deepspeed3
         return None
     rank = counted_rank(s)[0]
     mine = _slices(s.model, s.gpus)[rank]
@@ -346,9 +345,9 @@ def check_engine(setup: Setup) -> None:
         refusals += (
             ("recipe", s.recipe not in ("bf16-mixed", "fp16-mixed"), s.recipe,
              "bf16-mixed or fp16-mixed (16-bit weights and gradients, fp32 masters: its "
-             "ZeRO-1/2 optimizer)"),
+             "ZeRO optimizers)"),
             _optimizer_refusal(s, "stepped on one flat fp32 partition"),
-            ("offload_optimizer", s.offload_optimizer, True,
+            ("offload_optimizer", s.offload_optimizer or s.offload_params, True,
              "false (ZeRO-Offload's pinned buffers are not modelled yet)"),
             ("shard", s.shard != "flat", s.shard, "flat (DeepSpeed's flat buffer)"),
         )  # fmt: skip

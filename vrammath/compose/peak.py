@@ -85,7 +85,9 @@ class Groups:
     kept ones, :func:`vrammath.compose.engines.deepspeed_epilogue`); ``forward`` what the forward
     alone adds to every moment (FSDP2's kept all-gather output when nothing reshards);
     ``unshard`` everything gathered while a layer is gathered in the forward, before that layer's
-    activations exist (:func:`vrammath.compose.fsdp2.fsdp2_layer_unshard`).
+    activations exist (:func:`vrammath.compose.fsdp2.fsdp2_layer_unshard`); ``held`` what is
+    gathered from the forward's end through the backward's start and released before its end
+    (:func:`vrammath.compose.deepspeed3.stage3_held`).
     """
 
     weights: sympy.Expr
@@ -101,6 +103,7 @@ class Groups:
     epilogue: sympy.Expr = sympy.S.Zero
     forward: sympy.Expr = sympy.S.Zero
     unshard: sympy.Expr = sympy.S.Zero
+    held: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
@@ -301,7 +304,7 @@ def hf_phase_peaks(
     )
     gathered, reduce_buffer, bucket = groups.in_flight, groups.reduce, groups.bucket
     flush, epilogue = groups.flush, groups.epilogue
-    forward_only, unshard = groups.forward, groups.unshard
+    forward_only, unshard, held = groups.forward, groups.unshard, groups.held
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     loss = hf_logits_loss_terms(spec, precision)
     c = _compute_bytes(precision)
@@ -378,7 +381,7 @@ def hf_phase_peaks(
             in_layers = []
         in_layers = [W + O_before + x for x in moe["forward"]] + (in_layers if dense else [])
         in_backward = [W + O_before + x for x in moe["backward"]] + (in_backward if dense else [])
-    forward_peak = _peak(*forward_candidates, *in_layers) + gathered + forward_only
+    forward_peak = _peak(*forward_candidates, *in_layers) + gathered + forward_only + held
     if unshard != 0:
         # gathering the top layer, before its activations exist, with everything gathered then
         # (a checkpointed layer keeps little: its whole activations are left in, an upper bound)
@@ -388,8 +391,8 @@ def hf_phase_peaks(
         "forward_end": fwd_end,
         "forward_peak": forward_peak,
         "backward_peak": _peak(
-            fwd_end + loss["backward_transient"] + gathered,
-            *(x + gathered + bucket + flush for x in in_backward),
+            fwd_end + loss["backward_transient"] + gathered + held,
+            *(x + gathered + held + bucket + flush for x in in_backward),
             W + O_before + end_grads + gathered + reduce_buffer + bucket,
             *([fwd_end + gathered + bucket + flush] if bucket != 0 else []),
         ),

@@ -1,8 +1,7 @@
 """One training setup: the model, how it is stored and optimized, how it is split.
 
 Each field is declared once, with its CLI flag, help, allowed values and bounds
-(:mod:`vrammath.notation.fields`); the CLI's options, ``as_dict`` and the checks below read them. Every
-rule that ties two fields together lives in ``Setup.__post_init__``.
+(:mod:`vrammath.notation.fields`); the CLI's options, ``as_dict`` and the checks read them.
 
 Examples
 ========
@@ -11,10 +10,6 @@ Examples
 >>> setup = Setup(load_model("llama-7b"), zero=3, gpus=8)
 >>> with_changes(setup, gpus=16).gpus
 16
->>> Setup(load_model("llama-7b"), attention="flash")
-Traceback (most recent call last):
-...
-vrammath.notation.errors.InputError: attention: must be one of sdpa, eager (got 'flash')
 >>> Setup(load_model("llama-2-70b"), tp=16)
 Traceback (most recent call last):
 ...
@@ -59,6 +54,7 @@ from vrammath.notation.vocab import (
     Shard,
     check,
 )
+from vrammath.terms.deepspeed3 import DEFAULT_STAGE3, Stage3Knobs
 from vrammath.terms.korthikanti.moe import check_capacity
 from vrammath.terms.lora.linears import adapted_linears, default_targets_refusal
 from vrammath.terms.lora.targets import lora_targets
@@ -199,6 +195,7 @@ class Setup:
         "accelerate-fsdp2 (accelerate's units: layers, the input embedding, norm and head)",
         choices=ENGINES,
     )
+    stage3: Stage3Knobs = DEFAULT_STAGE3  # DeepSpeed ZeRO-3's gathering keys (its config's)
     reduce_bucket_size: int | None = declared(
         None, "--reduce-bucket-size", "ZeRO's bucket (elements, default 5e8)", low=1, high=2**40
     )

@@ -89,6 +89,13 @@ from vrammath.compose.builders import (
     weights,
     weights_label,
 )
+from vrammath.compose.deepspeed3 import (
+    stage3_grad_partitions,
+    stage3_held,
+    stage3_ipg_bucket,
+    stage3_persistent,
+    stage3_step,
+)
 from vrammath.compose.engines import (
     bucket_flush,
     ddp_buckets,
@@ -162,6 +169,24 @@ TERMS: tuple[Term, ...] = (
         group="weights",  # resident from construction: with the weights in every phase
         live="resident",
         note="the gradients: zeroed, not freed, between iterations",
+    ),
+    Term(
+        key="stage3_grad_partitions",
+        label="gradient partitions (DeepSpeed ZeRO-3)",
+        device="gpu",
+        builder=stage3_grad_partitions,
+        group="weights",  # resident from the optimizer's construction: in every phase
+        live="resident",
+        note="the gradients: one flat buffer of the rank's partition, zeroed, never freed",
+    ),
+    Term(
+        key="stage3_ipg_bucket",
+        label="DeepSpeed reduce bucket (ZeRO-3)",
+        device="gpu",
+        builder=stage3_ipg_bucket,
+        group="weights",  # resident from the optimizer's construction: in every phase
+        live="resident",
+        note="reduce_bucket_size elements, allocated with the optimizer, never freed",
     ),
     Term(
         key="master",
@@ -429,6 +454,34 @@ TERMS: tuple[Term, ...] = (
         group="temporaries",
         live="step",
         note="the step's master gradients, main_grad.float()",
+    ),
+    Term(
+        key="stage3_persistent",
+        label="persistent parameters (DeepSpeed ZeRO-3)",
+        device="gpu",
+        builder=stage3_persistent,
+        group="in-flight",
+        live="forward+backward",
+        note="tensors of at most stage3_param_persistence_threshold elements, kept gathered",
+    ),
+    Term(
+        key="stage3_held",
+        label="parameters gathered at the loss (DeepSpeed ZeRO-3)",
+        device="gpu",
+        builder=stage3_held,
+        group="in-flight",
+        live="forward+backward",
+        note="kept for reuse within stage3_max_reuse_distance, or prefetched for the backward",
+    ),
+    Term(
+        key="stage3_step",
+        label="DeepSpeed step transients (ZeRO-3)",
+        device="gpu",
+        builder=stage3_step,
+        group="temporaries",
+        live="step",
+        note="the largest sub-group's gradients flattened and cast to fp32, with the "
+        "optimizer's own temporaries",
     ),
     Term(
         key="deepspeed_step",

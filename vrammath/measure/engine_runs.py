@@ -124,7 +124,7 @@ ENGINES: dict[str, dict[str, Any]] = {
     # a bucket smaller than the model: ZeRO-2 flushes it mid-backward, ZeRO-1 at the epilogue
     "deepspeed-zero1-bucket1m": _engine("bf16-mixed", 1, "bf16", profile="deepspeed", bucket=10**6),
     "deepspeed-zero2-bucket1m": _engine("bf16-mixed", 2, "bf16", profile="deepspeed", bucket=10**6),
-    "deepspeed-zero3": _engine("bf16-mixed", 3, "bf16"),
+    "deepspeed-zero3": _engine("bf16-mixed", 3, "bf16", profile="deepspeed"),
 }
 """Engine -> the vrammath recipe/ZeRO stage it is compared with, the dtype it builds in and,
 where it is not ``hf``, the ``Setup.engine`` whose per-rank rules apply (``profile``)."""
@@ -426,7 +426,8 @@ def measure_deepspeed(
     The model states are summed from DeepSpeed's flat buffers (``bit16_groups_flat`` and
     ``single_partition_of_fp32_groups`` for stages 1-2, ``fp16_partitioned_groups_flat`` and
     ``fp32_partitioned_groups_flat`` for stage 3); ``gradients`` is what the backward leaves
-    allocated (total at its end minus total at the iteration's start).
+    allocated (total at its end minus total at the iteration's start), or stage 3's
+    ``grad_partitions_flat_buffer``, which the optimizer allocates when it is built.
     """
     import os
 
@@ -487,7 +488,11 @@ def measure_deepspeed(
                     "parameters": _storage_bytes(flat),
                     "optimizer": _storage_bytes(t for t in opt_t if t.dim() > 0),
                     "step_counters": _storage_bytes(t for t in opt_t if t.dim() == 0),
-                    "gradients": record["backward"]["end"]["Total"] - record["start"]["Total"],
+                    # stage 3 reduces into a flat buffer made with the optimizer: that is
+                    # its gradients; stages 1-2 allocate theirs in the backward
+                    "gradients": _storage_bytes([opt.grad_partitions_flat_buffer])
+                    if stage == 3
+                    else record["backward"]["end"]["Total"] - record["start"]["Total"],
                 }
                 with phases.phase(record, "step", "Temp"):
                     engine.step()  # DeepSpeed's step also zeroes the gradients

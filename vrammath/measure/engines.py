@@ -74,9 +74,12 @@ def estimate_engine(
     out = {
         "parameters": comp("weights", "master"),
         # with gradient_as_bucket_view the gradients are DDP's buckets
-        # Megatron's main_grad buffer is its gradients
+        # Megatron's main_grad buffer is its gradients, DeepSpeed ZeRO-3's its partitions' buffer
         "gradients": comp(
-            "gradients", "main_grads", *(["ddp_buckets"] if cfg.get("bucket_view") else [])
+            "gradients",
+            "main_grads",
+            "stage3_grad_partitions",
+            *(["ddp_buckets"] if cfg.get("bucket_view") else []),
         ),
         "optimizer": comp("optimizer"),
         "forward_peak": est.phases["forward_peak"],
@@ -135,31 +138,6 @@ EXPLAIN: dict[tuple[str, str], str] = {
         "masters whole) holds in every other component"
     ),
 }
-
-
-# DeepSpeed 0.19.8, read in its source and traced storage by storage on these rows; stages 1
-# and 2 are --engine deepspeed's (vrammath.compose.engines), stage 3 is not modelled yet
-_DS_BUCKET = (
-    "+1e9 bytes: DeepSpeed's IPG bucket, reduce_bucket_size (default 5e8 elements) x 2 bytes"
-)
-_DS_STAGE3 = (
-    ", allocated when the engine is built (DeepSpeedZeroOptimizer_Stage3.__init__, "
-    "runtime/zero/stage3.py) and never freed; besides it the parameters at or below "
-    "stage3_param_persistence_threshold stay gathered, and in the steady state the prefetcher "
-    "keeps every other parameter gathered from its forward to its backward"
-)
-EXPLAIN.update(
-    {
-        ("deepspeed-zero3", "gradients"): (
-            "DeepSpeed's stage 3 reduces the gradients into its partitions' flat buffer "
-            "(grad_partitions_flat_buffer, 2P/N), allocated when the engine is built "
-            "(runtime/zero/stage3.py), so the backward allocates nothing that outlives it"
-        ),
-        ("deepspeed-zero3", "forward_peak"): _DS_BUCKET + _DS_STAGE3,
-        ("deepspeed-zero3", "backward_peak"): _DS_BUCKET + _DS_STAGE3,
-        ("deepspeed-zero3", "step_peak"): _DS_BUCKET + _DS_STAGE3,
-    }
-)
 
 
 def explain(engine: str, name: str) -> str:
@@ -255,6 +233,9 @@ ROWS: list[dict[str, Any]] = [
     _row("deepspeed-zero1", "tiny-qwen-tied", 1, 256, quick=True, rank=7),
     _row("deepspeed-zero2", "tiny-odd-head", 1, 256, quick=True),
     _row("deepspeed-zero2", "tiny-odd-head", 1, 256, quick=True, rank=7),
+    # ZeRO-3: every tensor cut on its own, padded (every rank holds the same bytes; DeepSpeed
+    # checks its trace across ranks, which a fake group cannot answer past rank 0)
+    *(_row("deepspeed-zero3", m, 1, 256, quick=True) for m in ("tiny-qwen-tied", "tiny-odd-head")),
     # 16 tokens: the backward's end (its gradients on their way to the kept ones) outweighs the
     # activations; with a bucket smaller than the model, ZeRO-2 flushes it mid-backward
     *(

@@ -184,9 +184,9 @@ def engine_stage(fields: EngineFields) -> int:
             "no_reshard", "is read only by --engine fsdp2 or accelerate-fsdp2", fields.no_reshard
         )
     if engine == "deepspeed":
-        if zero in (1, 2):
+        if zero in (1, 2, 3):
             return zero
-        why = "1 or 2 (DeepSpeed's stage 3 is not modelled yet)"
+        why = "1, 2 or 3 (stage 0 is the plain loop: --engine hf)"
         raise InputError("zero", f"with --engine deepspeed must be {why}", got=zero)
     stage = ENGINE_STAGES.get(engine)
     if stage is None or zero in (0, stage):
