@@ -102,3 +102,27 @@ def test_config_auto_fills_stage3_keys_from_the_hidden_size() -> None:
     # fewer live parameters: the prefetcher stops earlier (its bucket is per fetch, so at the
     # defaults the gathered set grows to max_live_parameters)
     assert est.component("stage3_held").bytes < default.component("stage3_held").bytes
+
+
+def test_offloaded_optimizer_moves_eighteen_bytes_per_partition_element_to_the_host() -> None:
+    fields, said = vm.deepspeed_fields(
+        {
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            },
+            "bf16": {"enabled": True},
+        },
+        LLAMA,
+    )
+    assert said == []
+    assert fields["offload_optimizer"] is True
+    est = vm.estimate(vm.Setup(LLAMA, gpus=8, seq_len=512, **fields))  # type: ignore[arg-type]
+    part = stage3_partition(LLAMA, 8)
+    # fp32 master 4, AdamW 8, CPU Adam's fp32 gradient 4, the 16-bit gradient partitions 2
+    assert est.cpu_bytes == 18 * part
+    keys = {c.key for c in est.components if c.bytes}
+    assert "stage3_step" not in keys  # the step runs on the host
+    assert "stage3_grad_partitions" not in keys
+    on = vm.estimate(vm.Setup(LLAMA, gpus=8, seq_len=512, engine="deepspeed", zero=3))
+    assert on.phases["forward_peak"] - est.phases["forward_peak"] == 14 * part

@@ -3,7 +3,7 @@ have, read into a setup's fields.
 
 The configs below are the shapes users have: the Hugging Face Trainer's ``"auto"`` template
 (transformers' DeepSpeed integration docs, ZeRO-2 section) and the config the measurement harness
-hands DeepSpeed (``vrammath.measure.engine_runs.measure_deepspeed``), whose estimate must be the
+hands DeepSpeed (``vrammath.measure.deepspeed_runs.measure_deepspeed``), whose estimate must be the
 one the engine rows compare with.
 """
 
@@ -113,6 +113,19 @@ def test_the_measured_config_gives_the_measured_rows_setup() -> None:
         (
             {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
             "zero_optimization.offload_optimizer.device",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
+            "zero_optimization.offload_param.device",
+        ),
+        (
+            {
+                "zero_optimization": {
+                    "stage": 3,
+                    "offload_optimizer": {"device": "cpu", "ratio": 0.3},
+                }
+            },
+            "zero_optimization.offload_optimizer.ratio",
         ),
         (
             {"zero_optimization": {"stage": 2, "reduce_bucket_size": -1}},

@@ -37,6 +37,7 @@ def test_the_table_is_well_formed() -> None:
         "reduce_buffer",
         "layer_unshard",
         "fsdp2_reduce",
+        "stage3_held_backward",
     ]
     assert {t.key for t in TERMS if t.device == "gpu" and t.group in STATE_GROUPS} == {
         "weights",

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vrammath.measure import engines
+from vrammath.measure import deepspeed_runs, engines
 from vrammath.measure.build import as_spec
 from vrammath.measure.ddp_runs import measure_ddp
 from vrammath.model.params import param_count
@@ -38,7 +38,11 @@ COMMITTED = Path(__file__).resolve().parents[2] / "validation" / "engines.json"
 def _run(
     engine: str, rank: int = 0, **kw: Any
 ) -> tuple[dict[str, Any], dict[str, int], dict[str, int]]:
-    result = engines.measure_engine(engine, TINY, batch=1, seq=256, rank=rank, **kw)
+    if engine.startswith("deepspeed"):  # real CPU tensors, its own runner
+        shape = {"batch": 1, "seq": 256, "attention": "sdpa", "ranks": N, "rank": rank}
+        result = deepspeed_runs.measure_deepspeed_row(engine, as_spec(TINY), **shape)
+    else:
+        result = engines.measure_engine(engine, TINY, batch=1, seq=256, rank=rank, **kw)
     est = engines.estimate_engine(
         engine, TINY, batch=1, seq=256, attention="sdpa", ranks=N, rank=rank
     )
@@ -182,6 +186,19 @@ def test_committed_document_explains_every_failure() -> None:
             if not comp["pass"]:
                 assert comp["explanation"] != "not yet explained", (row["id"], name)
     assert engines.explain("plain-bf16", "forward_peak") == "not yet explained"
+
+
+def test_deepspeed_zero3_gathering_keys_replayed() -> None:
+    # stage 3 with its gathering keys small against the model: what the coordinator keeps
+    # gathered at the loss and at the backward's start follows the replay of its trace
+    pytest.importorskip("deepspeed")
+    _, meas, est = _run("deepspeed-zero3-live")
+    part = P // N  # every tensor divides by 8 on the tiny model
+    assert meas["parameters"] == est["parameters"] == 6 * part  # bf16 + fp32 partitions
+    assert meas["gradients"] == est["gradients"] == 2 * part  # the partitions' flat buffer
+    for phase in ("forward_peak", "backward_peak", "step_peak"):
+        # besides the loop's small tensors, DeepSpeed's own bookkeeping: about 2 KiB
+        assert abs(meas[phase] - est[phase]) < 3 * SLACK, phase
 
 
 def test_deepspeed_zero2_states_and_bucket() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sympy
 
-from vrammath.compose.rows import Context
+from vrammath.compose.rows import Context, Term
 from vrammath.compose.setup import Setup
 from vrammath.terms.deepspeed3 import (
     stage3_gathered,
@@ -44,6 +44,20 @@ def stage3_grad_partitions(ctx: Context) -> sympy.Expr | None:
     Source: ``stage3.py``, ``DeepSpeedZeroOptimizer_Stage3.__init__``.
     """
     s = ctx.setup
+    if not is_stage3(s) or s.offload_optimizer:
+        return None
+    return sympy.Integer(ctx.recipe.gradients * stage3_partition(s.model, s.gpus))
+
+
+def stage3_host_grad_partitions(ctx: Context) -> sympy.Expr | None:
+    """With ``offload_optimizer`` the gradient partitions' flat buffer is made on the host
+    (``self.device`` is the CPU; pinned with ``pin_memory``), beside CPU Adam's fp32 gradient of
+    each sub-group (the ``cpu_gradients`` row, ``subgroup_gradient_buffer``).
+
+    Source: ``stage3.py``, ``DeepSpeedZeroOptimizer_Stage3.__init__`` and
+    ``initialize_optimizer_states``.
+    """
+    s = ctx.setup
     if not is_stage3(s):
         return None
     return sympy.Integer(ctx.recipe.gradients * stage3_partition(s.model, s.gpus))
@@ -63,8 +77,13 @@ def stage3_ipg_bucket(ctx: Context) -> sympy.Expr | None:
     return sympy.Integer(ctx.recipe.gradients * bucket_elements(s))
 
 
-def _compute_bytes(ctx: Context) -> int:
-    return 4 if ctx.precision == "fp32" else 2
+def _gathered_bytes(ctx: Context, which: str) -> sympy.Expr:
+    """Bytes of one of :class:`vrammath.terms.deepspeed3.Stage3Gathered`'s counts, in the
+    compute dtype."""
+    s = ctx.setup
+    gathered = stage3_gathered(s.model, s.stage3, s.recompute == "full")
+    width = 4 if ctx.precision == "fp32" else 2
+    return sympy.Integer(width * int(getattr(gathered, which)))
 
 
 def stage3_persistent(ctx: Context) -> sympy.Expr | None:
@@ -78,7 +97,7 @@ def stage3_persistent(ctx: Context) -> sympy.Expr | None:
     s = ctx.setup
     if not is_stage3(s) or s.iteration == "first":
         return None
-    return sympy.Integer(_compute_bytes(ctx) * stage3_gathered(s.model, s.stage3).persistent)
+    return _gathered_bytes(ctx, "persistent")
 
 
 def stage3_held(ctx: Context) -> sympy.Expr | None:
@@ -91,7 +110,18 @@ def stage3_held(ctx: Context) -> sympy.Expr | None:
     s = ctx.setup
     if not is_stage3(s) or s.iteration == "first":
         return None
-    return sympy.Integer(_compute_bytes(ctx) * stage3_gathered(s.model, s.stage3).held)
+    return _gathered_bytes(ctx, "held")
+
+
+def stage3_held_backward(ctx: Context) -> sympy.Expr | None:
+    """Parameters gathered at the backward's start, while the logits' gradients are made: what
+    was gathered at the loss and what the root module's pre-backward hook has prefetched since
+    (:func:`vrammath.terms.deepspeed3.stage3_gathered`); in the first iteration none.
+    """
+    s = ctx.setup
+    if not is_stage3(s) or s.iteration == "first":
+        return None
+    return _gathered_bytes(ctx, "backward")
 
 
 def stage3_step(ctx: Context) -> sympy.Expr | None:
@@ -101,11 +131,15 @@ def stage3_step(ctx: Context) -> sympy.Expr | None:
     over one tensor of ``sg`` elements). The persistent parameters are released at the step's
     start (``partition_all_parameters``).
 
+    With ``offload_optimizer`` the step runs on the host (CPU Adam over the host's fp32
+    partition and gradient; the 16-bit partition is written back with ``copy_``, whose dtype
+    conversion PyTorch makes on the CPU side): nothing on the device.
+
     Source: ``stage3.py``, ``DeepSpeedZeroOptimizer_Stage3.step``,
     ``_prepare_fp32_grad_for_sub_group`` and ``_optimizer_step``.
     """
     s = ctx.setup
-    if not is_stage3(s):
+    if not is_stage3(s) or s.offload_optimizer:
         return None
     sg = max(stage3_sub_groups(s.model, s.gpus, s.stage3.sub_group_size))
     opt = step_temporaries_expr(
@@ -114,12 +148,95 @@ def stage3_step(ctx: Context) -> sympy.Expr | None:
     return sympy.Max(6 * sg, 4 * sg + opt)
 
 
+#: DeepSpeed ZeRO-3's resident rows on the device, made with the optimizer (weights group).
+STAGE3_STATE_TERMS: tuple[Term, ...] = (
+    Term(
+        key="stage3_grad_partitions",
+        label="gradient partitions (DeepSpeed ZeRO-3)",
+        device="gpu",
+        builder=stage3_grad_partitions,
+        group="weights",  # resident from the optimizer's construction: in every phase
+        live="resident",
+        note="the gradients: one flat buffer of the rank's partition, zeroed, never freed",
+    ),
+    Term(
+        key="stage3_ipg_bucket",
+        label="DeepSpeed reduce bucket (ZeRO-3)",
+        device="gpu",
+        builder=stage3_ipg_bucket,
+        group="weights",  # resident from the optimizer's construction: in every phase
+        live="resident",
+        note="reduce_bucket_size elements, allocated with the optimizer, never freed",
+    ),
+)
+
+#: Its host row under an offloaded optimizer.
+STAGE3_HOST_TERMS: tuple[Term, ...] = (
+    Term(
+        key="stage3_host_grad_partitions",
+        label="gradient partitions on the host (DeepSpeed ZeRO-3)",
+        device="cpu",
+        builder=stage3_host_grad_partitions,
+        group="gradients",
+        live="resident",
+        offload="optimizer",
+        note="the partitions' flat buffer, made on the host with an offloaded optimizer",
+    ),
+)
+
+#: Its rows of a phase or a moment, the gathered parameters and the step's transients.
+STAGE3_PHASE_TERMS: tuple[Term, ...] = (
+    Term(
+        key="stage3_persistent",
+        label="persistent parameters (DeepSpeed ZeRO-3)",
+        device="gpu",
+        builder=stage3_persistent,
+        group="in-flight",
+        live="forward+backward",
+        note="tensors of at most stage3_param_persistence_threshold elements, kept gathered",
+    ),
+    Term(
+        key="stage3_held",
+        label="parameters gathered at the loss (DeepSpeed ZeRO-3)",
+        device="gpu",
+        builder=stage3_held,
+        group="in-flight",
+        live="forward+backward",
+        note="kept for reuse within stage3_max_reuse_distance, or prefetched for the backward",
+    ),
+    Term(
+        key="stage3_held_backward",
+        label="parameters gathered at the backward's start (DeepSpeed ZeRO-3)",
+        device="gpu",
+        builder=stage3_held_backward,
+        group="in-flight",
+        live="backward",
+        note="the loss's set and what the root's pre-backward hook prefetched",
+        listed=False,
+    ),
+    Term(
+        key="stage3_step",
+        label="DeepSpeed step transients (ZeRO-3)",
+        device="gpu",
+        builder=stage3_step,
+        group="temporaries",
+        live="step",
+        note="the largest sub-group's gradients flattened and cast to fp32, with the "
+        "optimizer's own temporaries",
+    ),
+)
+
 __all__ = [
     "DEEPSPEED_REDUCE_BUCKET",
+    "STAGE3_HOST_TERMS",
+    "STAGE3_PHASE_TERMS",
+    "STAGE3_STATE_TERMS",
     "bucket_elements",
     "is_stage3",
     "stage3_grad_partitions",
     "stage3_held",
+    "stage3_held_backward",
+    "stage3_host_grad_partitions",
     "stage3_ipg_bucket",
     "stage3_persistent",
     "stage3_step",

@@ -18,7 +18,7 @@ Every key is one of four kinds, and the reader says which:
 * **changes nothing** the estimate counts -- accepted (logging, schedules, the learning rate,
   gradient clipping, the stage-3 keys at stages 1 and 2, ...);
 * **changes memory and is not modelled** -- refused, naming the key (``overlap_comm: true``,
-  ``offload_optimizer``, ``contiguous_gradients: false``, stage 0, ...);
+  an offload below stage 3 or to NVMe, ``contiguous_gradients: false``, stage 0, ...);
 * **unknown** -- a one-line warning each.
 
 Examples
@@ -234,6 +234,31 @@ def _stage3(section: Mapping[str, Any], spec: ModelSpec) -> Stage3Knobs:
     return Stage3Knobs(**knobs)
 
 
+#: Offload keys that change nothing counted: pinning keeps the bytes (page-locked), the
+#: rest size NVMe's swap buffers, refused with the device.
+_OFFLOAD_NOTHING = frozenset({"pin_memory", "buffer_count", "buffer_size", "max_in_cpu",
+                              "fast_init", "nvme_path", "pipeline_read", "pipeline_write"})  # fmt: skip
+
+
+def _offload(section: Mapping[str, Any], name: str, stage: int) -> Fields:
+    """``offload_optimizer`` / ``offload_param``: the CPU at stage 3 (the host's share of each
+    rank, :mod:`vrammath.compose.deepspeed3`); none otherwise."""
+    device = section.get("device", "none")
+    if device in ("none", None):
+        return {}
+    if device != "cpu" or stage != 3:
+        why = "stage 3's CPU offload is modelled; NVMe and stages 1-2 are not"
+        allowed = "none or cpu" if stage == 3 else "none"
+        raise InputError(f"{name}.device", f"must be {allowed} ({why})", got=device)
+    for key, value in section.items():
+        if key == "ratio" and value != 1:
+            raise InputError(f"{name}.ratio", "must be 1 (partial offload is not modelled)", value)
+        if key not in (*_OFFLOAD_NOTHING, "device", "ratio"):
+            raise InputError(f"{name}.{key}", "is not a key vrammath knows", got=value)
+    field = "offload_optimizer" if name.endswith("offload_optimizer") else "offload_params"
+    return {field: True}
+
+
 def _zero(section: Mapping[str, Any], spec: ModelSpec, said: list[str]) -> Fields:
     stage = section.get("stage", 0)
     if stage not in (1, 2, 3) or isinstance(stage, bool):
@@ -256,11 +281,7 @@ def _zero(section: Mapping[str, Any], spec: ModelSpec, said: list[str]) -> Field
         if key in ("stage", "reduce_bucket_size") or key in _ZERO_NOTHING:
             continue  # stage 3's gathering keys: read by _stage3 above
         if key in ("offload_optimizer", "offload_param"):
-            device = config_mapping(value, name).get("device", "none")
-            if device not in ("none", None):
-                raise InputError(
-                    f"{name}.device", "must be none (offload is not modelled yet)", got=device
-                )
+            out |= _offload(config_mapping(value, name), name, stage)
         elif key in _ZERO_DEFAULTS:
             default, why = _ZERO_DEFAULTS[key]
             if value != default:

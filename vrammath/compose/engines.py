@@ -92,6 +92,7 @@ PHASE_ROWS = {
     "all_gather_kept": "forward",
     "layer_unshard": "unshard",
     "stage3_held": "held",
+    "stage3_held_backward": "held_backward",
 }
 
 #: The engines whose ranks hold different shares (``P_r``): of whole tensors, or of rows.
@@ -347,8 +348,8 @@ def check_engine(setup: Setup) -> None:
              "bf16-mixed or fp16-mixed (16-bit weights and gradients, fp32 masters: its "
              "ZeRO optimizers)"),
             _optimizer_refusal(s, "stepped on one flat fp32 partition"),
-            ("offload_optimizer", s.offload_optimizer or s.offload_params, True,
-             "false (ZeRO-Offload's pinned buffers are not modelled yet)"),
+            ("offload_optimizer", (s.offload_optimizer or s.offload_params) and s.zero < 3,
+             True, "false below stage 3 (ZeRO-Offload's stage 1-2 buffers are not modelled)"),
             ("shard", s.shard != "flat", s.shard, "flat (DeepSpeed's flat buffer)"),
         )  # fmt: skip
     elif s.engine in FSDP2_ENGINES:

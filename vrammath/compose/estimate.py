@@ -269,7 +269,10 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
         in_flight,
         reduce,
         outputs,
-        *(phase_rows(f) for f in ("bucket", "flush", "epilogue", "forward", "unshard", "held")),
+        *(
+            phase_rows(f)
+            for f in ("bucket", "flush", "epilogue", "forward", "unshard", "held", "held_backward")
+        ),
     )
 
 

@@ -86,8 +86,9 @@ class Groups:
     alone adds to every moment (FSDP2's kept all-gather output when nothing reshards);
     ``unshard`` everything gathered while a layer is gathered in the forward, before that layer's
     activations exist (:func:`vrammath.compose.fsdp2.fsdp2_layer_unshard`); ``held`` what is
-    gathered from the forward's end through the backward's start and released before its end
-    (:func:`vrammath.compose.deepspeed3.stage3_held`).
+    gathered at the forward's end (:func:`vrammath.compose.deepspeed3.stage3_held`) and
+    ``held_backward`` at the backward's start and in its top layer
+    (:func:`vrammath.compose.deepspeed3.stage3_held_backward`), released before its end.
     """
 
     weights: sympy.Expr
@@ -104,6 +105,7 @@ class Groups:
     forward: sympy.Expr = sympy.S.Zero
     unshard: sympy.Expr = sympy.S.Zero
     held: sympy.Expr = sympy.S.Zero
+    held_backward: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
@@ -304,7 +306,8 @@ def hf_phase_peaks(
     )
     gathered, reduce_buffer, bucket = groups.in_flight, groups.reduce, groups.bucket
     flush, epilogue = groups.flush, groups.epilogue
-    forward_only, unshard, held = groups.forward, groups.unshard, groups.held
+    forward_only, unshard = groups.forward, groups.unshard
+    held, held_bwd = groups.held, groups.held_backward
     O_before = O_ if iteration == "steady" else sympy.Integer(0)
     loss = hf_logits_loss_terms(spec, precision)
     c = _compute_bytes(precision)
@@ -391,8 +394,8 @@ def hf_phase_peaks(
         "forward_end": fwd_end,
         "forward_peak": forward_peak,
         "backward_peak": _peak(
-            fwd_end + loss["backward_transient"] + gathered + held,
-            *(x + gathered + held + bucket + flush for x in in_backward),
+            fwd_end + loss["backward_transient"] + gathered + held_bwd,
+            *(x + gathered + held_bwd + bucket + flush for x in in_backward),
             W + O_before + end_grads + gathered + reduce_buffer + bucket,
             *([fwd_end + gathered + bucket + flush] if bucket != 0 else []),
         ),

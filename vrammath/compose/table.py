@@ -90,11 +90,9 @@ from vrammath.compose.builders import (
     weights_label,
 )
 from vrammath.compose.deepspeed3 import (
-    stage3_grad_partitions,
-    stage3_held,
-    stage3_ipg_bucket,
-    stage3_persistent,
-    stage3_step,
+    STAGE3_HOST_TERMS,
+    STAGE3_PHASE_TERMS,
+    STAGE3_STATE_TERMS,
 )
 from vrammath.compose.engines import (
     bucket_flush,
@@ -170,24 +168,7 @@ TERMS: tuple[Term, ...] = (
         live="resident",
         note="the gradients: zeroed, not freed, between iterations",
     ),
-    Term(
-        key="stage3_grad_partitions",
-        label="gradient partitions (DeepSpeed ZeRO-3)",
-        device="gpu",
-        builder=stage3_grad_partitions,
-        group="weights",  # resident from the optimizer's construction: in every phase
-        live="resident",
-        note="the gradients: one flat buffer of the rank's partition, zeroed, never freed",
-    ),
-    Term(
-        key="stage3_ipg_bucket",
-        label="DeepSpeed reduce bucket (ZeRO-3)",
-        device="gpu",
-        builder=stage3_ipg_bucket,
-        group="weights",  # resident from the optimizer's construction: in every phase
-        live="resident",
-        note="reduce_bucket_size elements, allocated with the optimizer, never freed",
-    ),
+    *STAGE3_STATE_TERMS,
     Term(
         key="master",
         label="master weights (fp32)",
@@ -245,6 +226,7 @@ TERMS: tuple[Term, ...] = (
         offload="optimizer",
         shard_group=EDP,
     ),
+    *STAGE3_HOST_TERMS,
     Term(
         key="cpu_weights",
         label="weights (offloaded)",
@@ -455,34 +437,7 @@ TERMS: tuple[Term, ...] = (
         live="step",
         note="the step's master gradients, main_grad.float()",
     ),
-    Term(
-        key="stage3_persistent",
-        label="persistent parameters (DeepSpeed ZeRO-3)",
-        device="gpu",
-        builder=stage3_persistent,
-        group="in-flight",
-        live="forward+backward",
-        note="tensors of at most stage3_param_persistence_threshold elements, kept gathered",
-    ),
-    Term(
-        key="stage3_held",
-        label="parameters gathered at the loss (DeepSpeed ZeRO-3)",
-        device="gpu",
-        builder=stage3_held,
-        group="in-flight",
-        live="forward+backward",
-        note="kept for reuse within stage3_max_reuse_distance, or prefetched for the backward",
-    ),
-    Term(
-        key="stage3_step",
-        label="DeepSpeed step transients (ZeRO-3)",
-        device="gpu",
-        builder=stage3_step,
-        group="temporaries",
-        live="step",
-        note="the largest sub-group's gradients flattened and cast to fp32, with the "
-        "optimizer's own temporaries",
-    ),
+    *STAGE3_PHASE_TERMS,
     Term(
         key="deepspeed_step",
         label="DeepSpeed step transients",

@@ -24,7 +24,8 @@ storage once). The engines:
 * ``zero2-fsdp``: the same with ``reshard_after_forward=False`` (``--no-reshard-after-forward``).
 * ``offload-fsdp``: ``zero3-fsdp`` with ``CPUOffloadPolicy(pin_memory=False)``.
 * ``accel-fsdp(-keep)``: FSDP2 as accelerate 1.15 wraps it (:mod:`vrammath.measure.fsdp_runs`).
-* ``deepspeed-zero1/2/3``: DeepSpeed's ZeRO engine on real CPU tensors (:func:`measure_deepspeed`).
+* ``deepspeed-zero*``: DeepSpeed's ZeRO engine on real CPU tensors
+  (:func:`vrammath.measure.deepspeed_runs.measure_deepspeed`).
 * ``plain-bf16``: a bf16 model and AdamW, the control.
 
 Loop shapes (issue 13, ``--keep-outputs``): ``loop="loss"`` keeps only the loss (Trainer);
@@ -35,7 +36,6 @@ Loop shapes (issue 13, ``--keep-outputs``): ``loop="loss"`` keeps only the loss 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
@@ -44,10 +44,8 @@ from vrammath.measure.build import as_spec, build_model, check_choice, real_trai
 from vrammath.measure.fsdp_runs import Wrap, wrap_fsdp2
 from vrammath.measure.step import (
     PHASES,
-    _DevicePhases,
     _distinct_bytes,
     _fake_process_group,
-    _forward_backward,
     _lean_tracker,
     _mem_tracker,
     _Phases,
@@ -100,6 +98,15 @@ CONFIGS: dict[str, Any] = {
 }
 
 
+#: DeepSpeed ZeRO-3's gathering keys of the ``deepspeed-zero3-live`` rows, in elements.
+STAGE3_SMALL = {
+    "stage3_prefetch_bucket_size": 200_000,
+    "stage3_max_live_parameters": 600_000,
+    "stage3_max_reuse_distance": 300_000,
+    "stage3_param_persistence_threshold": 40_000,
+}
+
+
 def _engine(recipe: str, zero: int, dtype: str, **extra: Any) -> dict[str, Any]:
     return {"recipe": recipe, "zero": zero, "dtype": dtype, **extra}
 
@@ -125,6 +132,25 @@ ENGINES: dict[str, dict[str, Any]] = {
     "deepspeed-zero1-bucket1m": _engine("bf16-mixed", 1, "bf16", profile="deepspeed", bucket=10**6),
     "deepspeed-zero2-bucket1m": _engine("bf16-mixed", 2, "bf16", profile="deepspeed", bucket=10**6),
     "deepspeed-zero3": _engine("bf16-mixed", 3, "bf16", profile="deepspeed"),
+    # stage 3 with its gathering keys small against the model: the prefetcher stops at
+    # max_live_parameters, the reuse distance releases the lower layers, q and o are gathered
+    # and released where k and v persist
+    "deepspeed-zero3-live": _engine(
+        "bf16-mixed", 3, "bf16", profile="deepspeed", stage3=STAGE3_SMALL
+    ),
+    # every layer checkpointed: the backward's trace recomputes each layer's modules
+    "deepspeed-zero3-recompute": _engine(
+        "bf16-mixed", 3, "bf16", profile="deepspeed", recompute="full"
+    ),
+    # ZeRO-Offload at stage 3: the optimizer's side on the host
+    "deepspeed-zero3-offload": _engine(
+        "bf16-mixed",
+        3,
+        "bf16",
+        profile="deepspeed",
+        offload=True,
+        stage3={"offload_optimizer": {"device": "cpu"}},
+    ),
 }
 """Engine -> the vrammath recipe/ZeRO stage it is compared with, the dtype it builds in and,
 where it is not ``hf``, the ``Setup.engine`` whose per-rank rules apply (``profile``)."""
@@ -331,17 +357,7 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
     if rank and ENGINES[engine].get("profile") in (None, "ddp", "megatron"):
         raise ValueError(f"rank: {engine} is measured on rank 0 only (its estimate is rank 0's)")
     if engine.startswith("deepspeed"):
-        return measure_deepspeed(
-            int(engine.split("-")[1][-1]),
-            spec,
-            batch=batch,
-            seq=seq,
-            attention=attention,
-            ranks=ranks,
-            rank=rank,
-            steps=steps,
-            bucket=ENGINES[engine].get("bucket"),
-        )
+        raise ValueError(f"engine: {engine} runs in vrammath.measure.deepspeed_runs")
     fsdp = "fsdp" in engine
     needs_group = fsdp or engine.startswith("zero1")
     with (
@@ -401,110 +417,4 @@ def measure_engine(run: EngineRun) -> dict[str, Any]:
         "first": iterations[0],
         "steady": iterations[-1],
         "zro_partition_numel": partition,
-    }
-
-
-def measure_deepspeed(
-    stage: int,
-    spec: Any,
-    *,
-    batch: int,
-    seq: int,
-    attention: str,
-    ranks: int,
-    rank: int = 0,
-    steps: int = 2,
-    bucket: int | None = None,
-) -> dict[str, Any]:
-    """DeepSpeed's ZeRO engine (bf16, torch AdamW foreach) on ``rank`` of a fake process group,
-    with ``reduce_bucket_size`` ``bucket`` (DeepSpeed's default where None).
-
-    DeepSpeed's engine moves the model with ``module.to(device)``, which FakeTensorMode refuses
-    ("_apply(): Couldn't swap Embedding.weight"), so this runs on real CPU tensors (small models
-    only) under ``MemTracker``, which counts real tensors the same way; the fake process group
-    makes the collectives no-ops. Needs ``deepspeed`` (its CPU accelerator) and ``LOCAL_RANK``.
-    The model states are summed from DeepSpeed's flat buffers (``bit16_groups_flat`` and
-    ``single_partition_of_fp32_groups`` for stages 1-2, ``fp16_partitioned_groups_flat`` and
-    ``fp32_partitioned_groups_flat`` for stage 3); ``gradients`` is what the backward leaves
-    allocated (total at its end minus total at the iteration's start), or stage 3's
-    ``grad_partitions_flat_buffer``, which the optimizer allocates when it is built.
-    """
-    import os
-
-    import torch
-
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # an optional dependency outside the measure extra: imported by name (no stubs either way)
-    deepspeed: Any = importlib.import_module("deepspeed")
-    ds_comm: Any = importlib.import_module("deepspeed.comm.comm")
-    ds_groups: Any = importlib.import_module("deepspeed.utils.groups")
-
-    # DeepSpeed caches the world group of the first run; each row has a fresh fake group
-    ds_comm.cdb = None
-    for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
-        setattr(ds_groups, name, None)
-    config = {
-        "train_micro_batch_size_per_gpu": batch,
-        "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage}
-        | ({} if bucket is None else {"reduce_bucket_size": bucket}),
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": 1e-4, "torch_adam": True, "foreach": True},
-        },
-    }
-    with _fake_process_group(ranks, rank), real_training_masks():
-        torch.manual_seed(0)
-        net = build_model(spec, precision="bf16", attention=attention)
-        ids = torch.randint(0, spec.vocab, (batch, seq))
-        # The parameters are not registered: DeepSpeed copies them into its flat buffers
-        # (counted as they are made) and drops them. It also keeps a meta-device copy of each
-        # parameter (round_robin_bit16_meta), which MemTracker counts under device "meta":
-        # _DevicePhases counts the CPU only.
-        tracker = _mem_tracker(*net.buffers())
-        phases = _DevicePhases(tracker, cuda=False)
-        iterations = []
-        with tracker:
-            engine, opt, _, _ = deepspeed.initialize(
-                model=net, config=config, dist_init_required=False
-            )
-            flat = [
-                *getattr(opt, "bit16_groups_flat", []),
-                *getattr(opt, "single_partition_of_fp32_groups", []),
-                *getattr(opt, "fp16_partitioned_groups_flat", []),
-                *getattr(opt, "fp32_partitioned_groups_flat", []),
-            ]
-            passes = _forward_backward(
-                tracker,
-                phases,
-                steps,
-                lambda: engine(input_ids=ids, labels=ids).loss,
-                engine.backward,
-            )
-            for record in passes:
-                opt_t = _optimizer_state_tensors(opt.optimizer)
-                record["states"] = {
-                    "parameters": _storage_bytes(flat),
-                    "optimizer": _storage_bytes(t for t in opt_t if t.dim() > 0),
-                    "step_counters": _storage_bytes(t for t in opt_t if t.dim() == 0),
-                    # stage 3 reduces into a flat buffer made with the optimizer: that is
-                    # its gradients; stages 1-2 allocate theirs in the backward
-                    "gradients": _storage_bytes([opt.grad_partitions_flat_buffer])
-                    if stage == 3
-                    else record["backward"]["end"]["Total"] - record["start"]["Total"],
-                }
-                with phases.phase(record, "step", "Temp"):
-                    engine.step()  # DeepSpeed's step also zeroes the gradients
-                record["zero_grad"] = {"end": record["step"]["end"], "peak": record["step"]["end"]}
-                record["states_after_step"] = record["states"]
-                iterations.append(record)
-    return {
-        "engine": f"deepspeed-zero{stage}",
-        "loop": "loss",
-        "iterations": iterations,
-        "first": iterations[0],
-        "steady": iterations[-1],
-        "zro_partition_numel": None,
-        "deepspeed": deepspeed.__version__,
     }

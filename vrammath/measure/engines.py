@@ -21,6 +21,7 @@ import vrammath as vm
 from vrammath.measure import documents
 from vrammath.measure.build import as_spec
 from vrammath.measure.ddp_runs import DDP_RUNS, measure_ddp
+from vrammath.measure.deepspeed_runs import measure_deepspeed_row
 from vrammath.measure.engine_runs import (
     CONFIGS,
     ENGINES,
@@ -31,6 +32,14 @@ from vrammath.measure.engine_runs import (
     Float16MasterOptimizer,
     measure_engine,
 )
+
+
+def _stage3_fields(cfg: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """Stage 3's gathering keys of a row, read as ``--deepspeed`` reads a config."""
+    if not cfg.get("stage3"):
+        return {}
+    config = {"zero_optimization": {"stage": 3, **cfg["stage3"]}, "bf16": {"enabled": True}}
+    return {"stage3": vm.deepspeed_fields(config, spec)[0]["stage3"]}
 
 
 def estimate_engine(
@@ -56,13 +65,16 @@ def estimate_engine(
             attention=attention,
             device="cpu",
             offload_optimizer=offload,
-            offload_params=offload,
+            # DeepSpeed's rows offload what their config names (the optimizer)
+            offload_params=offload and profile != "deepspeed",
             iteration=iteration,
             engine=profile,
             rank=rank if profile not in ("hf", "ddp", "megatron") else None,
             no_reshard=cfg.get("reshard") is False,
             bucket_view=bool(cfg.get("bucket_view")),
             reduce_bucket_size=cfg.get("bucket"),
+            recompute=cfg.get("recompute", "none"),
+            **_stage3_fields(cfg, spec),
         )
 
     est = vm.estimate(setup("steady"))
@@ -100,6 +112,13 @@ def measured_engine(result: dict[str, Any], engine: str) -> dict[str, int]:
     out = {k: states[k] for k in STATES}
     out["states"] = sum(out.values())
     peaks = {ph: st[ph]["peak"]["Total"] for ph in PHASE_NAMES}
+    if "host" in st:  # DeepSpeed's offload: its host tensors by name, the rest the device
+        resident = st["host"] + st["host_counters"]
+        return {
+            "host": st["host"],
+            "forward_peak": peaks["forward"] - resident,
+            "backward_peak": peaks["backward"] - resident,
+        }
     if ENGINES[engine].get("offload"):
         # one CPU holds both sides: the host part is the offloaded shards, the rest is the device
         host_idle = st["states_after_step"]
@@ -236,6 +255,9 @@ ROWS: list[dict[str, Any]] = [
     # ZeRO-3: every tensor cut on its own, padded (every rank holds the same bytes; DeepSpeed
     # checks its trace across ranks, which a fake group cannot answer past rank 0)
     *(_row("deepspeed-zero3", m, 1, 256, quick=True) for m in ("tiny-qwen-tied", "tiny-odd-head")),
+    _row("deepspeed-zero3-live", "tiny-odd-head", 1, 256, quick=True),
+    _row("deepspeed-zero3-offload", "tiny-qwen-tied", 1, 256, quick=True),
+    _row("deepspeed-zero3-recompute", "tiny-odd-head", 1, 256, quick=True),
     # 16 tokens: the backward's end (its gradients on their way to the kept ones) outweighs the
     # activations; with a bucket smaller than the model, ZeRO-2 flushes it mid-backward
     *(
@@ -269,6 +291,10 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
     try:
         if row["engine"] in DDP_RUNS:  # real CPU tensors: DDP cannot be built on fake ones
             result = measure_ddp(row["engine"], as_spec(model), ranks=row["ranks"], **shape)
+        elif row["engine"].startswith("deepspeed"):  # real CPU tensors too
+            result = measure_deepspeed_row(
+                row["engine"], as_spec(model), ranks=row["ranks"], rank=row["rank"], **shape
+            )
         else:
             result = measure_engine(row["engine"], model, rank=row["rank"], **shape)
     except Exception as exc:  # a row that cannot run stays visible as failing

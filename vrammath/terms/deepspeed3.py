@@ -38,21 +38,28 @@ from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.terms.parallel import module_order_numels
 
-#: A decoder layer's modules in the order its forward runs them (transformers' LLaMA family);
-#: the backward runs them in reverse (the trace shows v, k, q and down, up, gate).
-LAYER_FORWARD_ORDER = (
-    "input_layernorm",
-    "self_attn.q_proj",
-    "self_attn.q_norm",
-    "self_attn.k_proj",
-    "self_attn.k_norm",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "post_attention_layernorm",
-    "mlp.gate_proj",
-    "mlp.up_proj",
+#: A decoder layer's modules in the order the coordinator's trace meets them in the forward
+#: (transformers' LLaMA family): the layer, its containers (attention, MLP, the activation
+#: module) and its leaves; absent leaves (Qwen3's q/k norms elsewhere) are skipped.
+LAYER_FORWARD = (
+    "", "input_layernorm", "self_attn", "self_attn.q_proj", "self_attn.q_norm",
+    "self_attn.k_proj", "self_attn.k_norm", "self_attn.v_proj", "self_attn.o_proj",
+    "post_attention_layernorm", "mlp", "mlp.gate_proj", "mlp.act_fn", "mlp.up_proj",
     "mlp.down_proj",
-)
+)  # fmt: skip
+
+#: The same layer in the backward's trace, as DeepSpeed 0.19.8 records it on these models, the
+#: MLP first (down, up, activation, gate), then the attention (output, v, k, q), the input
+#: norm last.
+LAYER_BACKWARD = (
+    "", "mlp", "mlp.down_proj", "mlp.up_proj", "mlp.act_fn", "mlp.gate_proj",
+    "post_attention_layernorm", "self_attn", "self_attn.o_proj", "self_attn.v_proj",
+    "self_attn.k_norm", "self_attn.k_proj", "self_attn.q_norm", "self_attn.q_proj",
+    "input_layernorm",
+)  # fmt: skip
+
+#: Modules without parameters of their own, in every layer: in the trace all the same.
+_CONTAINERS = frozenset({"", "self_attn", "mlp", "mlp.act_fn"})
 
 
 @dataclass(frozen=True)
@@ -74,51 +81,71 @@ DEFAULT_STAGE3 = Stage3Knobs()
 @dataclass(frozen=True)
 class Stage3Gathered:
     """Elements a rank holds gathered (full, 16-bit) in the steady state: ``persistent``
-    through forward and backward; ``held`` besides them from the forward's end (the loss)
-    through the backward's start -- the parameters the coordinator keeps for their reuse and
-    the ones it has prefetched for the backward."""
+    through forward and backward; ``held`` besides them at the forward's end (the loss) -- the
+    parameters the coordinator keeps for their reuse and the ones it has prefetched -- and
+    ``backward`` at the backward's start, after the root module's pre-backward hook has
+    prefetched again."""
 
     persistent: int
     held: int
+    backward: int
 
 
-def _module_params(spec: ModelSpec) -> list[list[tuple[str, int]]]:
-    """The forward's modules, each a list of (parameter name, elements); a tied head's is the
-    embedding's parameter."""
+Module = list[tuple[str, int]]
+"""One entry of the trace: a module's own parameters, (name, elements); [] for a container."""
+
+
+def _trace(spec: ModelSpec, recompute: bool = False) -> tuple[list[Module], list[Module]]:
+    """The coordinator's module trace, forward and backward, each module's own parameters (a
+    tied head's is the embedding's). With full recomputation (transformers' non-reentrant
+    checkpoint of each layer) a layer's backward meets its MLP's output projection, then the
+    layer's forward again (its modules, not the layer itself), then the rest of its backward."""
     values = {k: sympy.Integer(v) for k, v in size_values(spec).items()}
-    first: dict[str, list[tuple[str, int]]] = {}
-    layer: dict[str, list[tuple[str, int]]] = {}
-    last: dict[str, list[tuple[str, int]]] = {}
+    mods: dict[str, Module] = {}
     for t in tensors(spec):
         module = t.name.rsplit(".", 1)[0] if t.name.endswith((".weight", ".bias")) else t.name
         n = int(t.numel.xreplace(values))
-        if t.component in ("embedding", "positions"):
-            first.setdefault(module, []).append((t.name, n))
-        elif t.count == 1:
-            last.setdefault(module, []).append((t.name, n))
-        elif module in LAYER_FORWARD_ORDER:
-            layer.setdefault(module, []).append((t.name, n))
-        else:
+        if t.count != 1 and module not in LAYER_FORWARD:
             raise InputError(
                 "model",
                 f"with DeepSpeed ZeRO-3 needs a decoder whose modules' order is modelled "
                 f"(LLaMA-family names; {module} is not)",
                 got=spec.name,
             )
-    modules = list(first.values())
-    ordered = [m for m in LAYER_FORWARD_ORDER if m in layer]
+        if t.count == 1 and t.component not in ("embedding", "head", "norms"):
+            raise InputError(
+                "model", f"with DeepSpeed ZeRO-3 has a module not modelled ({module})", spec.name
+            )
+        mods.setdefault(module, []).append((t.name, n))
+    embed = mods.pop("embed_tokens")
+    head = mods.pop("lm_head", list(embed))  # tied: the embedding's parameter
+    norm = mods.pop("norm")
+
+    def layer(i: int, order: tuple[str, ...]) -> list[Module]:
+        return [
+            [] if m in _CONTAINERS else [(f"{i}.{name}", n) for name, n in mods[m]]
+            for m in order
+            if m in _CONTAINERS or m in mods
+        ]
+
+    forward: list[Module] = [[], [], embed, []]  # the root, the model, the embedding, rotary
     for i in range(spec.layers):
-        modules += [[(f"{i}.{name}", n) for name, n in layer[m]] for m in ordered]
-    modules += [last[m] for m in sorted(last, key=lambda m: m != "norm")]  # norm, then head
-    if spec.tied_embeddings:  # lm_head's weight is the embedding's
-        modules.append(list(modules[0]))
-    return modules
+        forward += layer(i, LAYER_FORWARD)
+    forward += [norm, head]
+    backward: list[Module] = [[], head, [], norm]  # the root, the head, the model, the norm
+    for i in reversed(range(spec.layers)):
+        if recompute:  # the first hook fires, then the checkpoint recomputes the layer
+            backward += layer(i, LAYER_BACKWARD[:3]) + layer(i, LAYER_FORWARD[1:])
+            backward += layer(i, LAYER_BACKWARD[3:])
+        else:
+            backward += layer(i, LAYER_BACKWARD)
+    return forward, [*backward, embed]
 
 
 @functools.lru_cache(maxsize=64)
-def stage3_gathered(spec: ModelSpec, knobs: Stage3Knobs) -> Stage3Gathered:
-    """Replay the coordinator over one steady iteration (forward, then backward) and return
-    what is gathered at the loss.
+def stage3_gathered(spec: ModelSpec, knobs: Stage3Knobs, recompute: bool = False) -> Stage3Gathered:
+    """Replay the coordinator over one steady iteration (forward, then backward; ``recompute``:
+    each layer checkpointed) and return what is gathered at the loss.
 
     Source: ``partitioned_param_coordinator.py``, ``fetch_sub_module`` (fetch, then pop the
     module's own entries from the parameter queue, then prefetch while fewer than
@@ -127,8 +154,8 @@ def stage3_gathered(spec: ModelSpec, knobs: Stage3Knobs) -> Stage3Gathered:
     within ``max_reuse_distance`` elements of the trace). Measured: ``validation/engines.json``,
     rows ``deepspeed-zero3*``.
     """
-    forward = _module_params(spec)
-    trace = forward + forward[::-1]
+    forward, backward = _trace(spec, recompute)
+    trace = forward + backward
     numel = {pid: n for module in forward for pid, n in module}
     persist = {pid for pid, n in numel.items() if n <= knobs.param_persistence_threshold}
     queue = [(pid, step) for step, module in enumerate(trace) for pid, _ in module]
@@ -136,7 +163,7 @@ def stage3_gathered(spec: ModelSpec, knobs: Stage3Knobs) -> Stage3Gathered:
     available: set[str] = set()
     n_available = 0
     recent: dict[str, int] = {}
-    held = 0
+    held = at_backward = 0
     for step, module in enumerate(trace):
         mine = {pid for pid, _ in module}
         for pid in mine - available - persist:
@@ -171,9 +198,11 @@ def stage3_gathered(spec: ModelSpec, knobs: Stage3Knobs) -> Stage3Gathered:
         for pid in release & available:
             available.discard(pid)
             n_available -= numel[pid]
-        if step == len(forward) - 1:
+        if step == len(forward) - 1:  # the head's post-forward: the loss comes next
             held = sum(numel[pid] for pid in available)
-    return Stage3Gathered(sum(numel[p] for p in persist), held)
+        if step == len(forward):  # the root's pre-backward, before the logits' gradients
+            at_backward = sum(numel[pid] for pid in available)
+    return Stage3Gathered(sum(numel[p] for p in persist), held, at_backward)
 
 
 def stage3_partition(spec: ModelSpec, world: int) -> int:
@@ -184,7 +213,7 @@ def stage3_partition(spec: ModelSpec, world: int) -> int:
     >>> stage3_partition(load_model("llama-7b"), 8)
     842301952
     """
-    forward = _module_params(spec)
+    forward, _ = _trace(spec)
     seen = {pid: n for module in forward for pid, n in module}
     return sum(-(-n // world) for n in seen.values())
 
@@ -207,7 +236,8 @@ def stage3_sub_groups(spec: ModelSpec, world: int, sub_group_size: int) -> list[
 
 __all__ = [
     "DEFAULT_STAGE3",
-    "LAYER_FORWARD_ORDER",
+    "LAYER_BACKWARD",
+    "LAYER_FORWARD",
     "Stage3Gathered",
     "Stage3Knobs",
     "stage3_gathered",
