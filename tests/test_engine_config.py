@@ -325,4 +325,4 @@ def test_cli_accelerate_with_a_deepspeed_file_beside_it(
     assert out["setup"]["gpus"] == 4
     assert out["setup"]["reduce_bucket_size"] == 4096 * 4096
     assert main([*argv, "--deepspeed", str(tmp_path / "ds.json")]) == 2
-    assert "deepspeed: and --accelerate are one engine's file each" in capsys.readouterr().err
+    assert "--accelerate and --torchtitan each name an engine's file" in capsys.readouterr().err

@@ -46,6 +46,7 @@ from vrammath.compose.accelerate_config import accelerate_fields, simple_yaml
 from vrammath.compose.engine_config import deepspeed_fields
 from vrammath.compose.estimate import Component, Estimate, estimate
 from vrammath.compose.setup import Setup
+from vrammath.compose.torchtitan_config import torchtitan_fields
 from vrammath.model.params import (
     COMPONENTS,
     largest_tensor_numel,
@@ -256,6 +257,7 @@ __all__ = [
     "sweep",
     "symbols",
     "tensors",
+    "torchtitan_fields",
     "zero_communication_elements",
     "zero_paper_bytes",
     "zero_stage",

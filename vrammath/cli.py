@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import tomllib
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from vrammath.compose.accelerate_config import (
 from vrammath.compose.engine_config import deepspeed_fields
 from vrammath.compose.estimate import estimate
 from vrammath.compose.setup import Setup, setup_warnings
+from vrammath.compose.torchtitan_config import torchtitan_fields
 from vrammath.flags import Parser, add_options, choice, integer, number, printable, targets, zero
 from vrammath.model.params import param_count
 from vrammath.model.presets import (
@@ -91,6 +93,13 @@ def _add_engine_config(cmd: argparse.ArgumentParser) -> None:
         help="an accelerate config file (YAML as `accelerate config` writes it, or JSON): "
         "distributed_type, num_processes, mixed_precision and its FSDP or DeepSpeed section set "
         "the engine's fields; a key that changes memory and is not modelled is refused by name",
+    )
+    cmd.add_argument(
+        "--torchtitan",
+        metavar="JOB_TOML",
+        help="a torchtitan job file (TOML, as torchtitan read it before its Python configs): "
+        "its batch, sequence, mixed precision, shard degree, resharding, offload, "
+        "checkpointing and optimizer set --engine fsdp2's fields; the model is MODEL",
     )
 
 
@@ -226,13 +235,19 @@ def training_config(args: argparse.Namespace) -> tuple[Setup, list[str]]:
         raise InputError("lora-targets", "needs --lora-rank", got=",".join(given["lora_targets"]))
     spec = resolve_model(args.model)
     ds_path, accel_path = getattr(args, "deepspeed", None), getattr(args, "accelerate", None)
-    if ds_path is not None and accel_path is not None:
-        raise InputError("deepspeed", "and --accelerate are one engine's file each: give one")
-    path = ds_path if ds_path is not None else accel_path
-    if path is None:
+    titan_path = getattr(args, "torchtitan", None)
+    paths = [p for p in (ds_path, accel_path, titan_path) if p is not None]
+    if len(paths) > 1:
+        raise InputError(
+            "config",
+            "--deepspeed, --accelerate and --torchtitan each name an engine's file: give one",
+        )
+    if not paths:
         return Setup(spec, **given), []
-    file = Path(path)
-    if ds_path is not None:
+    file = Path(paths[0])
+    if titan_path is not None:
+        fields, said = torchtitan_fields(_toml_file(file), spec)
+    elif ds_path is not None:
         fields, said = deepspeed_fields(_config_file(file, "deepspeed", yaml=False), spec)
     else:
         config = _config_file(file, "accelerate", yaml=True)
@@ -250,6 +265,15 @@ def training_config(args: argparse.Namespace) -> tuple[Setup, list[str]]:
             )
         given[name] = value
     return Setup(spec, **given), [f"{file.name}: {line}" for line in said]
+
+
+def _toml_file(file: Path) -> dict[str, Any]:
+    """A torchtitan job file parsed (TOML)."""
+    text = _read_limited(file, "torchtitan")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError("torchtitan", f"{file.name} is not TOML ({exc})", got=str(file)) from None
 
 
 def _config_file(file: Path, field: str, *, yaml: bool) -> dict[str, Any]:

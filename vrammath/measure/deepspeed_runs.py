@@ -136,14 +136,19 @@ def measure_deepspeed(
                     if stage == 3
                     else record["backward"]["end"]["Total"] - record["start"]["Total"],
                 }
+                host = []
                 if getattr(opt, "offload_optimizer", False):
                     # the host's side: fp32 partitions, their fp32 gradients, the optimizer's
                     # states and the gradient partitions (device "cpu" in DeepSpeed's terms)
                     fp32 = list(opt.fp32_partitioned_groups_flat)
                     grads = [t.grad for t in fp32 if t.grad is not None]
-                    host = [*fp32, *grads, *opt_t, opt.grad_partitions_flat_buffer]
+                    host += [*fp32, *grads, *opt_t, opt.grad_partitions_flat_buffer]
+                if getattr(opt, "offload_param", False):  # the 16-bit partitions too
+                    host += list(opt.fp16_partitioned_groups_flat)
+                if host:
                     record["host"] = _storage_bytes(t for t in host if t.dim() > 0)
-                    record["host_counters"] = record["states"]["step_counters"]
+                    counters = record["states"]["step_counters"]
+                    record["host_counters"] = counters if opt.offload_optimizer else 0
                 with phases.phase(record, "step", "Temp"):
                     engine.step()  # DeepSpeed's step also zeroes the gradients
                 record["zero_grad"] = {"end": record["step"]["end"], "peak": record["step"]["end"]}

@@ -151,6 +151,15 @@ ENGINES: dict[str, dict[str, Any]] = {
         offload=True,
         stage3={"offload_optimizer": {"device": "cpu"}},
     ),
+    # with ZeRO-Infinity's parameter offload to the CPU as well: the 16-bit partitions too
+    "deepspeed-zero3-offload-params": _engine(
+        "bf16-mixed",
+        3,
+        "bf16",
+        profile="deepspeed",
+        offload=True,
+        stage3={"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+    ),
 }
 """Engine -> the vrammath recipe/ZeRO stage it is compared with, the dtype it builds in and,
 where it is not ``hf``, the ``Setup.engine`` whose per-rank rules apply (``profile``)."""

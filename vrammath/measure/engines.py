@@ -65,8 +65,9 @@ def estimate_engine(
             attention=attention,
             device="cpu",
             offload_optimizer=offload,
-            # DeepSpeed's rows offload what their config names (the optimizer)
-            offload_params=offload and profile != "deepspeed",
+            # DeepSpeed's rows offload what their config names
+            offload_params=offload
+            and (profile != "deepspeed" or "offload_param" in cfg.get("stage3", {})),
             iteration=iteration,
             engine=profile,
             rank=rank if profile not in ("hf", "ddp", "megatron") else None,
