@@ -126,3 +126,38 @@ def test_offloaded_optimizer_moves_eighteen_bytes_per_partition_element_to_the_h
     assert "stage3_grad_partitions" not in keys
     on = vm.estimate(vm.Setup(LLAMA, gpus=8, seq_len=512, engine="deepspeed", zero=3))
     assert on.phases["forward_peak"] - est.phases["forward_peak"] == 14 * part
+
+
+def test_the_trainers_zero3_template_reads_whole() -> None:
+    # transformers' DeepSpeed docs, the ZeRO-3 example: both offloads, overlap_comm (side
+    # streams at stage 3, no second bucket), every gathering key "auto" or set
+    template = {
+        "bf16": {"enabled": "auto"},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "sub_group_size": 1e9,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+            "stage3_max_live_parameters": 1e9,
+            "stage3_max_reuse_distance": 1e9,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        },
+        "gradient_clipping": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+    }
+    fields, said = vm.deepspeed_fields(template, LLAMA)
+    assert len(said) == 1  # DeepSpeed's AdamW is its FusedAdam (on the host here: CPU Adam)
+    assert said[0].startswith("optimizer.type AdamW: DeepSpeed's FusedAdam")
+    assert fields["offload_optimizer"] is fields["offload_params"] is True
+    assert fields["reduce_bucket_size"] == 4096 * 4096
+    est = vm.estimate(vm.Setup(LLAMA, gpus=8, recipe="bf16-mixed", **fields))  # type: ignore[arg-type]
+    part = stage3_partition(LLAMA, 8)
+    assert est.cpu_bytes == 20 * part  # the 16-bit partitions on the host too
+    with pytest.raises(vm.InputError, match=r"^zero_optimization\.overlap_comm: "):
+        vm.deepspeed_fields({"zero_optimization": {"stage": 2, "overlap_comm": True}}, LLAMA)

@@ -17,7 +17,9 @@ Every key is one of four kinds, and the reader says which:
   ``bf16``/``fp16``, ``train_micro_batch_size_per_gpu``, ``optimizer``);
 * **changes nothing** the estimate counts -- accepted (logging, schedules, the learning rate,
   gradient clipping, the stage-3 keys at stages 1 and 2, ...);
-* **changes memory and is not modelled** -- refused, naming the key (``overlap_comm: true``,
+* **changes memory and is not modelled** -- refused, naming the key (``overlap_comm: true``
+  below stage 3, where it adds a second bucket; at stage 3 it only moves the collectives to
+  side streams and is accepted;
   an offload below stage 3 or to NVMe, ``contiguous_gradients: false``, stage 0, ...);
 * **unknown** -- a one-line warning each.
 
@@ -37,7 +39,7 @@ Examples
 >>> deepspeed_fields({"zero_optimization": {"stage": 2, "overlap_comm": True}}, load_model("gpt2"))
 Traceback (most recent call last):
 ...
-vrammath.notation.errors.InputError: zero_optimization.overlap_comm: must be false (its second bucket is not modelled yet) (got True)
+vrammath.notation.errors.InputError: zero_optimization.overlap_comm: must be false (below stage 3 its second bucket is not modelled yet) (got True)
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ _ZERO_NOTHING = frozenset(
 
 #: ``zero_optimization`` keys whose default vrammath models, and the value that changes memory.
 _ZERO_DEFAULTS: dict[str, tuple[object, str]] = {
-    "overlap_comm": (False, "its second bucket is not modelled yet"),
+    "overlap_comm": (False, "below stage 3 its second bucket is not modelled yet"),
     "contiguous_gradients": (True, "its gradients outside the contiguous buffer are not modelled"),
     "reduce_scatter": (True, "the all-reduce path is not modelled"),
     "round_robin_gradients": (False, "the round-robin gradient order is not modelled"),
@@ -282,6 +284,8 @@ def _zero(section: Mapping[str, Any], spec: ModelSpec, said: list[str]) -> Field
             continue  # stage 3's gathering keys: read by _stage3 above
         if key in ("offload_optimizer", "offload_param"):
             out |= _offload(config_mapping(value, name), name, stage)
+        elif key == "overlap_comm" and stage == 3 and isinstance(value, bool):
+            continue  # stage 3: side streams, no second bucket (DeepSpeedZeroOptimizer_Stage3)
         elif key in _ZERO_DEFAULTS:
             default, why = _ZERO_DEFAULTS[key]
             if value != default:
