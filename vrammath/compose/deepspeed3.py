@@ -101,9 +101,9 @@ def stage3_persistent(ctx: Context) -> sympy.Expr | None:
 
 
 def stage3_held(ctx: Context) -> sympy.Expr | None:
-    """Parameters gathered at the loss and through the backward's start: the ones the
-    coordinator keeps for their reuse within ``stage3_max_reuse_distance`` elements of the
-    trace and the ones it has prefetched for the backward
+    """Parameters gathered at the loss, the forward's end: the ones the coordinator keeps for
+    their reuse within ``stage3_max_reuse_distance`` elements of the trace and the ones it has
+    prefetched for what comes next
     (:func:`vrammath.terms.deepspeed3.stage3_gathered`). The first iteration, recording the
     trace, releases every module's parameters after it.
     """

@@ -40,7 +40,7 @@ from vrammath.terms.parallel import module_order_numels
 
 #: A decoder layer's modules in the order the coordinator's trace meets them in the forward
 #: (transformers' LLaMA family): the layer, its containers (attention, MLP, the activation
-#: module) and its leaves; absent leaves (Qwen3's q/k norms elsewhere) are skipped.
+#: module) and its leaves; a leaf the model lacks (q_norm and k_norm are Qwen3's) is skipped.
 LAYER_FORWARD = (
     "", "input_layernorm", "self_attn", "self_attn.q_proj", "self_attn.q_norm",
     "self_attn.k_proj", "self_attn.k_norm", "self_attn.v_proj", "self_attn.o_proj",
