@@ -161,3 +161,8 @@ def test_the_trainers_zero3_template_reads_whole() -> None:
     assert est.cpu_bytes == 20 * part  # the 16-bit partitions on the host too
     with pytest.raises(vm.InputError, match=r"^zero_optimization\.overlap_comm: "):
         vm.deepspeed_fields({"zero_optimization": {"stage": 2, "overlap_comm": True}}, LLAMA)
+
+
+def test_rank_is_refused_where_every_rank_holds_the_same() -> None:
+    with pytest.raises(vm.InputError, match="^rank: is not read at DeepSpeed's stage 3"):
+        vm.Setup(LLAMA, engine="deepspeed", zero=3, gpus=8, rank=7)

@@ -70,7 +70,10 @@ def estimate_engine(
             and (profile != "deepspeed" or "offload_param" in cfg.get("stage3", {})),
             iteration=iteration,
             engine=profile,
-            rank=rank if profile not in ("hf", "ddp", "megatron") else None,
+            # no --rank where every rank holds the same (DeepSpeed's stage 3 among them)
+            rank=None
+            if profile in ("hf", "ddp", "megatron") or (profile == "deepspeed" and cfg["zero"] == 3)
+            else rank,
             no_reshard=cfg.get("reshard") is False,
             bucket_view=bool(cfg.get("bucket_view")),
             reduce_bucket_size=cfg.get("bucket"),

@@ -184,6 +184,10 @@ def engine_stage(fields: EngineFields) -> int:
             "no_reshard", "is read only by --engine fsdp2 or accelerate-fsdp2", fields.no_reshard
         )
     if engine == "deepspeed":
+        if zero == 3 and rank is not None:  # each tensor cut on its own: every rank the same
+            raise InputError(
+                "rank", "is not read at DeepSpeed's stage 3 (ranks hold the same)", rank
+            )
         if zero in (1, 2, 3):
             return zero
         why = "1, 2 or 3 (stage 0 is the plain loop: --engine hf)"
