@@ -163,7 +163,7 @@ def _precision(config: Mapping[str, Any], said: list[str]) -> str | None:
         return None
     raise InputError(
         "bf16.enabled",
-        "or fp16.enabled must be true (vrammath models DeepSpeed's 16-bit ZeRO optimizer; its "
+        "must be true, or fp16.enabled (vrammath models DeepSpeed's 16-bit ZeRO optimizer; its "
         "fp32 ZeRO is not modelled)",
         got=False,
     )
