@@ -190,7 +190,7 @@ class Setup:
         "--engine",
         "whose per-rank rules apply: hf (the Hugging Face loop; --zero as a flat partition), "
         "zero1-torch (ZeroRedundancyOptimizer), ddp (DistributedDataParallel's buckets), megatron "
-        "(Megatron-Core's main_grad buffer), deepspeed (DeepSpeed ZeRO-1/2's own buffers), fsdp2 "
+        "(Megatron-Core's main_grad buffer), deepspeed (DeepSpeed ZeRO's own buffers), fsdp2 "
         "(fully_shard per decoder layer and the root, torchtitan's: ZeRO-3 on dim 0), "
         "accelerate-fsdp2 (accelerate's units: layers, the input embedding, norm and head)",
         choices=ENGINES,
