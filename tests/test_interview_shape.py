@@ -50,3 +50,16 @@ def test_every_listed_question_has_every_part(label: str) -> None:
     assert label in sections, f"{label}: listed in the index but not a question of the bank"
     missing = [part for part, marker in PARTS.items() if marker not in sections[label]]
     assert not missing, f"{label}: no {', '.join(missing)}"
+
+
+_COUNTS = ("One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten")
+
+
+@pytest.mark.parametrize("page", sorted((DOCS / "interview").glob("bank-*.md")), ids=str)
+def test_each_bank_says_how_many_questions_it_holds(page: Path) -> None:
+    # the opening line counts the page's questions in words ("Five questions on ...")
+    text = page.read_text()
+    questions = len(re.findall(r"^\(iv-[\w-]+\)=\n## ", text, re.M))
+    said = re.search(r"^(\w+) questions on ", text, re.M)
+    assert said is not None, page.name
+    assert said.group(1) == _COUNTS[questions - 1], page.name
