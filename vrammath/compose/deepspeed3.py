@@ -193,7 +193,7 @@ STAGE3_PHASE_TERMS: tuple[Term, ...] = (
         builder=stage3_persistent,
         group="in-flight",
         live="forward+backward",
-        note="tensors of at most stage3_param_persistence_threshold elements, kept gathered",
+        note="tensors at or under the persistence threshold, kept gathered",
     ),
     Term(
         key="stage3_held",
@@ -202,7 +202,7 @@ STAGE3_PHASE_TERMS: tuple[Term, ...] = (
         builder=stage3_held,
         group="in-flight",
         live="forward+backward",
-        note="kept for reuse within stage3_max_reuse_distance, or prefetched for the backward",
+        note="kept for reuse within the reuse distance, or prefetched",
     ),
     Term(
         key="stage3_held_backward",
