@@ -166,3 +166,21 @@ def test_the_trainers_zero3_template_reads_whole() -> None:
 def test_rank_is_refused_where_every_rank_holds_the_same() -> None:
     with pytest.raises(vm.InputError, match="^rank: is not read at DeepSpeed's stage 3"):
         vm.Setup(LLAMA, engine="deepspeed", zero=3, gpus=8, rank=7)
+
+
+def test_korthikantis_activations_keep_the_gathered_parameters() -> None:
+    # under the published activation formula every resident row and the parameters gathered
+    # at the loss stand at the forward's end (a row the phase model dropped would be a silent
+    # underestimate)
+    est = vm.estimate(
+        vm.Setup(
+            LLAMA, engine="deepspeed", zero=3, gpus=8, seq_len=512, activation_model="korthikanti"
+        )
+    )
+    at_loss = sum(
+        c.bytes
+        for c in est.components
+        if c.device == "gpu" and c.group in ("weights", "optimizer", "activations", "in-flight")
+    )
+    assert est.component("stage3_held").bytes > 0
+    assert est.phases["forward_peak"] == at_loss

@@ -431,10 +431,15 @@ def korthikanti_phase_peaks(
     A, in_flight = groups.activations, groups.in_flight
     if gradients_resident:
         W, G = W + G, sympy.Integer(0)  # resident, counted once with the weights
+    # the engines' moments (FSDP2's kept all-gather and layer unshard, DeepSpeed ZeRO-3's
+    # gathered parameters) at the bound this model takes: every activation alive
+    forward = W + O_before + A + in_flight + groups.forward + groups.held
+    if groups.unshard != 0:
+        forward = sympy.Max(forward, W + O_before + A + groups.unshard)
     phases = {
-        "forward_peak": W + O_before + A + in_flight,
+        "forward_peak": forward,
         "backward_peak": sympy.Max(
-            W + O_before + A + groups.flush,
+            W + O_before + A + groups.flush + groups.held_backward,
             W + O_before + (G if groups.epilogue == 0 else sympy.Max(G, groups.epilogue)),
         )
         + in_flight
