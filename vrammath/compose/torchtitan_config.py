@@ -54,8 +54,9 @@ _NOTHING_SECTIONS = frozenset(
      "validation", "float8", "mx", "quantize", "debug"}
 )  # fmt: skip
 
-#: Keys of the modelled sections that change nothing counted.
-_NOTHING_KEYS = {
+#: Keys of the read sections that are known: read above, refused above, or changing nothing
+#: counted (any other key of these sections gets a warning).
+_KNOWN_KEYS = {
     "training": {"global_batch_size", "max_norm", "steps", "dataset", "dataset_path", "seed",
                  "deterministic", "gc_freq", "gc_debug", "warmup_steps", "enable_cpu_offload",
                  "dtype", "dataloader"},
@@ -91,7 +92,6 @@ _DEFAULTS: dict[str, tuple[object, str]] = {
     "float8.enable_fsdp_float8_all_gather": (False, "float8 training is not modelled yet"),
     "optimizer.early_step_in_backward": (False, "a step inside the backward is not modelled"),
     "fault_tolerance.enable": (False, "torchft's replica groups are not modelled"),
-    "checkpoint.async_mode": ("disabled", "a pinned host copy of the state is not modelled"),
 }
 
 _PRECISION = {"bfloat16": "bf16", "float32": "fp32"}
@@ -137,8 +137,15 @@ def _refusals(config: Mapping[str, Any]) -> None:
     for dotted, (default, why) in _DEFAULTS.items():
         section, key = dotted.split(".")
         value = config_mapping(config.get(section, {}), section).get(key, default)
-        if value != default and not (dotted == "checkpoint.async_mode" and value == "async"):
+        if value != default:
             raise InputError(dotted, f"must be {str(default).lower()} ({why})", got=value)
+    mode = config_mapping(config.get("checkpoint", {}), "checkpoint").get("async_mode", "disabled")
+    if mode not in ("disabled", "async"):
+        raise InputError(
+            "checkpoint.async_mode",
+            "must be disabled or async (a pinned host copy of the state is not modelled)",
+            got=mode,
+        )
     converters = config_mapping(config.get("model", {}), "model").get("converters", [])
     if converters:
         raise InputError(
@@ -194,7 +201,7 @@ def torchtitan_fields(config: Mapping[str, Any], spec: ModelSpec) -> tuple[Field
     for section, body in config.items():
         if section in _NOTHING_SECTIONS or not isinstance(body, Mapping):
             continue
-        known = _NOTHING_KEYS.get(section, set()) | {"mixed_precision_param",
+        known = _KNOWN_KEYS.get(section, set()) | {"mixed_precision_param",
                                                      "mixed_precision_reduce", "local_batch_size",
                                                      "batch_size", "seq_len", "name",
                                                      "implementation", "enable"}  # fmt: skip
