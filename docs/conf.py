@@ -367,6 +367,8 @@ nitpick_ignore_regex = [
     # the type variables of notation.signatures.after (private names, no page of their own)
     (r"py:class", r"(vrammath\.notation\.signatures\.)?_[PTR]"),
     (r"py:.*", r"(sympy|numpy|np|pathlib|collections|typing|typing_extensions|dataclasses)(\..*)?"),
+    # the serve command's argparse types (the CLI's parser has no page of its own)
+    (r"py:class", r"(argparse\.[A-Za-z_]+|Parser)"),
     (r"py:.*", r"(Path|Mapping|Sequence|Iterable|Iterator|Callable|Literal|Any|Self|TypeAlias)"),
     (r"py:.*", r"(Symbol|Expr|Basic|Rational|Integer|Float|Number|Matrix|Eq|Piecewise)"),
     (r"py:.*", r"(sympy\.core\..*|sympy\.[a-z_.]+)"),

@@ -143,12 +143,13 @@ def test_page_data_is_the_parser_flags() -> None:
     assert set(data["forms"]) == set(COMMANDS)
     sub = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     for command, fields in data["forms"].items():
-        actions = {a.option_strings[0]: a for a in sub[command]._actions if a.option_strings}
+        parser = sub["serve" if command == "vllm" else command]
+        actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
         for f in fields:
             assert f["flag"] in actions, (command, f["flag"])
             default = actions[f["flag"]].default
             want = list(default) if isinstance(default, tuple) else default
-            if f["name"] not in ("lora_targets", "block"):  # the parser keeps "not typed" apart
+            if f["name"] not in ("lora_targets", "block", "gpu_util"):  # "not typed" kept apart
                 assert f["default"] == want, (command, f["name"])
     assert "llama-7b" in data["models"]
     assert json.loads(json.dumps(data)) == data

@@ -260,11 +260,12 @@ def test_seq_past_max_positions_warns(capsys: pytest.CaptureFixture[str]) -> Non
 def test_model_warnings_are_printed(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vrammath import cli
+    from vrammath import cli, serve_command
 
     spec = load_model("gpt2")
     warned = dataclasses.replace(spec, warnings=("a model warning",))
     monkeypatch.setattr(cli, "resolve_model", lambda name: warned)
+    monkeypatch.setattr(serve_command, "resolve_model", lambda name: warned)
     for command in (["estimate", "-s", "512"], ["serve", "--context", "512"]):
         code, out, err = run(capsys, command[0], "gpt2", *command[1:], "--json")
         assert code == 0

@@ -173,8 +173,30 @@ def random_serve(rng: random.Random) -> dict[str, Any]:
     }
 
 
+def random_vllm(rng: random.Random) -> dict[str, Any]:
+    """A random setup of ``serve --engine vllm`` (valid or not: MoE and mixed-window models,
+    quantized weights and out-of-range releases are refused by name)."""
+    name = rng.choice(model_names())
+    spec = load_model(name)
+    out: dict[str, Any] = {
+        "model": name,
+        "weights": rng.choice(("bf16", "bf16", "fp16", "int4")),
+        "kv_dtype": rng.choice(KV_DTYPES),
+        "tp": rng.choice((1, 1, 2, 4, 8, rng.randint(1, spec.heads + 1))),
+        "gpu": rng.choice(list(load_gpus())),
+        "version": rng.choice(("0.11.0", "0.10.1", "0.6.4", "0.7.3", "0.20.0", "0.33.1", "0.5.0")),
+        "max_model_len": rng.choice((None, 2048, 32768, rng.randint(1, 2**20))),
+    }
+    if rng.random() < 0.3:
+        out["gpu_memory_utilization"] = rng.choice((0.5, 0.95, round(rng.uniform(0.05, 1), 3)))
+    if rng.random() < 0.3:
+        out["max_num_seqs"] = rng.choice((64, 256, rng.randint(1, 4096)))
+    return out
+
+
 def random_argvs(rng: random.Random, n: int) -> list[list[str]]:
-    """``n`` command lines: half training, a quarter fit (a GPU given), a quarter serving."""
+    """``n`` command lines: half training, a quarter fit (a GPU given), an eighth serving, an
+    eighth under vLLM's rule."""
     out = []
     for i in range(n):
         if i % 4 in (0, 1):
@@ -187,8 +209,10 @@ def random_argvs(rng: random.Random, n: int) -> list[list[str]]:
             # fit solves each unknown by search: keep the setups small enough to answer fast
             kw["gpus"] = min(kw["gpus"], 64)
             out.append([*argv_for("fit", kw), "--json"])
-        else:
+        elif i % 8 == 3:
             out.append([*argv_for("serve", random_serve(rng)), "--json"])
+        else:
+            out.append([*argv_for("vllm", random_vllm(rng)), "--json"])
     return out
 
 

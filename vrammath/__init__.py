@@ -40,6 +40,7 @@ from vrammath.answers.report import (
     estimate_table,
     serve_dict,
     serve_table,
+    vllm_table,
 )
 from vrammath.answers.sweep import sensitivities, sweep
 from vrammath.compose.accelerate_config import accelerate_fields, simple_yaml
@@ -80,6 +81,8 @@ from vrammath.notation.units import (
 )
 from vrammath.serve.estimate import Serve, serve
 from vrammath.serve.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
+from vrammath.serve.logs import LogComparison, compare_log
+from vrammath.serve.vllm import Vllm, VllmBudget, vllm_budget
 from vrammath.serve.weights import serving_weight_bytes
 from vrammath.terms.activations.layer import hf_layer_bytes, hf_layer_terms
 
@@ -168,6 +171,7 @@ __all__ = [
     "InputError",
     "Layout",
     "LayoutMemory",
+    "LogComparison",
     "MiB",
     "ModelSpec",
     "Plan",
@@ -175,11 +179,14 @@ __all__ = [
     "Serve",
     "Setup",
     "Solution",
+    "Vllm",
+    "VllmBudget",
     "accelerate_fields",
     "activation_exprs",
     "budget",
     "bytes_per_param",
     "cheapest_fit",
+    "compare_log",
     "convention_bytes",
     "deepseek_v3_training_memory",
     "deepspeed_fields",
@@ -258,6 +265,8 @@ __all__ = [
     "symbols",
     "tensors",
     "torchtitan_fields",
+    "vllm_budget",
+    "vllm_table",
     "zero_communication_elements",
     "zero_paper_bytes",
     "zero_stage",

@@ -35,8 +35,13 @@ from vrammath.model.presets import load_gpus, model_names
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import Option, options
 from vrammath.serve.estimate import Serve
+from vrammath.serve.vllm import Vllm
 
-COMMANDS = ("estimate", "fit", "serve")
+COMMANDS = ("estimate", "fit", "serve", "vllm")
+#: the calculator's tabs that run a command under an engine's rule: tab -> its command line head
+ENGINE_TABS = {"vllm": ("serve", "--engine", "vllm")}
+#: what ``serve --engine vllm`` does not read (it refuses them typed): vLLM's flags say it
+VLLM_UNREAD = ("context", "batch", "gpu_util")
 #: what ``fit`` reads beside a training setup (its flags and defaults are the parser's)
 FIT_EXTRAS = ("headroom", "reserve_gib")
 
@@ -61,6 +66,12 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _options(command: str) -> tuple[tuple[Option, ...], dict[str, Any]]:
+    if command == "vllm":
+        opts = [o for o in options(Serve) if o.flag is not None and o.name not in VLLM_UNREAD]
+        opts += [o for o in options(Vllm) if o.flag is not None]
+        fields = [*dataclasses.fields(Serve), *dataclasses.fields(Vllm)]
+        defaults = {f.name: f.default for f in fields if f.name != "model"}
+        return tuple(opts), defaults
     cls = Serve if command == "serve" else Setup
     defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.name != "model"}
     return tuple(o for o in options(cls) if o.flag is not None), defaults
@@ -81,7 +92,8 @@ def argv_for(command: str, setup: Mapping[str, Any]) -> list[str]:
     by_name = {o.name: o for o in opts}
     if "model" not in setup:
         raise InputError("model", "is missing (a preset name)", None)
-    argv = [command, str(setup["model"])]
+    head = ENGINE_TABS.get(command, (command,))
+    argv = [head[0], str(setup["model"]), *head[1:]]
     for key, given in setup.items():
         value = tuple(given) if isinstance(given, list) else given
         if key == "model":
@@ -107,7 +119,7 @@ def argv_for(command: str, setup: Mapping[str, Any]) -> list[str]:
                 raise InputError(key, "must be true or false", value)
             argv += [opt.flag] if value else []
         elif value is None:
-            if command == "serve" and key == "block":
+            if command in ("serve", "vllm") and key == "block":
                 argv.append("--no-paging")
             elif not opt.optional:
                 raise InputError(key, "must not be null", value)
@@ -227,4 +239,14 @@ def page_data() -> dict[str, Any]:
     return {"forms": forms, "models": list(model_names()), "gpus": gpus}
 
 
-__all__ = ["COMMANDS", "RPC_OPS", "argv_for", "call", "component_tex", "page_data", "rpc", "run"]
+__all__ = [
+    "COMMANDS",
+    "ENGINE_TABS",
+    "RPC_OPS",
+    "argv_for",
+    "call",
+    "component_tex",
+    "page_data",
+    "rpc",
+    "run",
+]

@@ -31,7 +31,7 @@ import sympy
 from vrammath.answers.budget import DEFAULT_RESERVE_BYTES, budget
 from vrammath.answers.fit import fit
 from vrammath.answers.formulas import FORMULA_OPTIONS, FORMULAS, formula_exprs, with_sizes
-from vrammath.answers.report import estimate_dict, estimate_table, serve_dict, serve_table
+from vrammath.answers.report import estimate_dict, estimate_table
 from vrammath.compose.accelerate_config import (
     accelerate_deepspeed_file,
     accelerate_fields,
@@ -63,7 +63,7 @@ from vrammath.notation.vocab import (
     QUANTS,
     RECIPE_NAMES,
 )
-from vrammath.serve.estimate import Serve, ServeEstimate, serve, serve_warnings
+from vrammath.serve_command import add_serve_parser, cmd_serve
 from vrammath.terms.lora.adapters import lora_param_count
 from vrammath.terms.lora.linears import default_targets_refusal
 
@@ -140,12 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_config(est)
     _add_json(est)
 
-    srv = sub.add_parser("serve", help="weights + KV cache per GPU for serving, and what fits")
-    srv.add_argument("model", help=MODEL_HELP)
-    add_options(srv, Serve)
-    srv.add_argument("--no-paging", action="store_true", help="unpaged cache (exact tokens)")
-    srv.set_defaults(block=_NOT_GIVEN)  # --no-paging refuses a typed --block
-    _add_json(srv)
+    add_serve_parser(sub, MODEL_HELP)
 
     fit_cmd = sub.add_parser(
         "fit", help="largest batch, longest sequence, fewest GPUs and cheapest ZeRO stage"
@@ -323,28 +318,6 @@ def _cmd_estimate(args: argparse.Namespace) -> Result:
     return head + "\n" + estimate_table(est), data
 
 
-def _serve_data(est: ServeEstimate) -> dict[str, Any]:
-    data: dict[str, Any] = serve_dict(est)
-    data["total_with_reserve_bytes"] = est.total_with_reserve_bytes
-    data["warnings"] = list(serve_warnings(est.setup))
-    return data
-
-
-def _cmd_serve(args: argparse.Namespace) -> Result:
-    given = {o.name: getattr(args, o.name) for o in options(Serve) if o.flag is not None}
-    if args.no_paging and given["block"] is not _NOT_GIVEN:
-        raise InputError("block", "is not read with --no-paging (an unpaged cache)", given["block"])
-    if given["block"] is _NOT_GIVEN:
-        given["block"] = None if args.no_paging else _SERVE_BLOCK
-    setup = Serve(resolve_model(args.model), **given)
-    est = serve(setup)
-    head = (
-        f"{setup.model.name}: serving {setup.batch} x {setup.context} tokens, weights "
-        f"{setup.weights}, KV cache {setup.kv_dtype}, tensor parallel {setup.tp}"
-    )
-    return head + "\n" + serve_table(est), _serve_data(est)
-
-
 def _cmd_fit(args: argparse.Namespace) -> Result:
     if args.gpu is None:
         raise one_of("gpu", None, list(load_gpus()))
@@ -364,9 +337,6 @@ def _cmd_fit(args: argparse.Namespace) -> Result:
     data["warnings"] = said + list(setup_warnings(setup))
     return "\n".join(answer.lines()), data
 
-
-_NOT_GIVEN: Any = object()  # a flag's default that tells "not typed" from any typed value
-_SERVE_BLOCK = next(f.default for f in dataclasses.fields(Serve) if f.name == "block")
 
 _FORMULA_FLAGS = {
     "recipe": "--recipe",
@@ -448,7 +418,7 @@ def _run(args: argparse.Namespace) -> Result:
     if args.command == "estimate":
         return _cmd_estimate(args)
     if args.command == "serve":
-        return _cmd_serve(args)
+        return cmd_serve(args)
     if args.command == "fit":
         return _cmd_fit(args)
     if args.command == "formula":

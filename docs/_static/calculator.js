@@ -24,11 +24,13 @@
     fit: ["model", "gpu", "recipe", "optimizer", "zero", "gpus", "micro_batch", "seq_len",
       "recompute", "lora_rank", "quant", "headroom"],
     serve: null,
+    vllm: null,
   };
   const TABS = [
     { name: "estimate", prefix: "vm-", title: "Training: vrammath estimate" },
     { name: "fit", prefix: "vm-fit-", title: "Fit: vrammath fit" },
     { name: "serve", prefix: "vm-sv-", title: "Serving: vrammath serve" },
+    { name: "vllm", prefix: "vm-vl-", title: "vLLM's budget: vrammath serve --engine vllm" },
   ];
 
   // --- the forms: one control per field the CLI declares --------------------------------------
@@ -251,7 +253,28 @@
     const top = Math.max(Number(d.total_with_reserve_bytes), d.gpu ? Number(d.gpu.bytes) : 0, 1);
     tab.bars.append(bar("per GPU", d.total_with_reserve_bytes, top, d.gpu, false));
   }
-  const RENDER = { estimate: renderEstimate, fit: renderFit, serve: renderServe };
+  function renderVllm(tab, d) {
+    const v = d.vllm;
+    tab.status.className = "vm-status " + (v.starts ? "vm-ok" : "vm-bad");
+    tab.status.textContent = `vLLM ${v.version} (${v.v0 ? "V0" : "V1"} engine): ${Number(v.kv_tokens).toLocaleString("en")} ` +
+      `tokens of KV cache per GPU, ${Number(v.max_concurrency).toFixed(2)} requests of ` +
+      `${Number(v.max_model_len).toLocaleString("en")} tokens at once; ${v.starts ? "starts" : "does NOT start"}`;
+    tab.verdict.append(el("div", { id: "vm-vl-lines", class: "vm-verdict" },
+      ...v.lines.map((l) => el("div", { text: l }))));
+    tab.table.append(header(["per GPU", "GB (1e9 B)", "GiB (2^30 B)", "what vLLM measures"]));
+    const rows = [["requested", `total x gpu_memory_utilization ${v.gpu_memory_utilization}`, v.requested_bytes,
+      v.total_measured ? "the total torch reports" : "nvidia-smi's total (no measured usable size)"],
+    ["weights", "- weights and the rotary cache", v.weights_bytes, "model_memory_usage"],
+    ["activation_peak", `- profile run's peak (${v.profile_tokens} tokens, ${v.profile_seqs} requests)`,
+      v.activation_peak_bytes, "torch peak increase"],
+    ["non_torch", "- memory outside torch", v.non_torch_bytes, "a measured constant"]];
+    if (Number(v.cuda_graph_bytes) > 0) rows.push(["cuda_graphs", "- CUDA graphs", v.cuda_graph_bytes, "estimated (0.20 on)"]);
+    rows.push(["available", "= available for the KV cache", v.available_kv_bytes, "available_kv_cache_memory"]);
+    for (const [key, text, bytes, what] of rows) {
+      tab.table.append(row([[text], [fmt(bytes, "GB"), "vm-num"], [fmt(bytes, "GiB"), "vm-num"], [what]], { "data-key": key }));
+    }
+  }
+  const RENDER = { estimate: renderEstimate, fit: renderFit, serve: renderServe, vllm: renderVllm };
 
   /** Show one CLI run: {rc, stdout, stderr} of `argv --json`. */
   function show(tab, argv, got, tex) {
@@ -289,7 +312,7 @@
       buttons[k].classList.toggle("vm-active", k === name);
     }
   }
-  const HASH_TAB = { serve: "serve", fit: "fit" };
+  const HASH_TAB = { serve: "serve", fit: "fit", vllm: "vllm" };
   function writeHash() {
     const tab = tabs[current];
     const parts = HASH_TAB[current] ? ["tab=" + current] : [];

@@ -24,7 +24,8 @@ from vrammath.compose.setup import Setup
 from vrammath.model.params import param_count
 from vrammath.notation.fields import field_values
 from vrammath.notation.units import fmt_gb, fmt_gib
-from vrammath.serve.estimate import ServeEstimate
+from vrammath.serve.estimate import Serve, ServeEstimate
+from vrammath.serve.vllm import VllmBudget
 from vrammath.terms.deepspeed3 import stage3_partition
 from vrammath.terms.moe.params import param_summary
 
@@ -344,6 +345,48 @@ def serve_table(est: ServeEstimate) -> str:
     return "\n".join(lines)
 
 
+def vllm_table(setup: Serve, b: VllmBudget) -> str:
+    """vLLM's startup budget as a subtraction, GB (1e9) and GiB (2**30) side by side, then the
+    lines vLLM would print."""
+    engine = "V0" if b.engine_v0 else "V1"
+    measured = "as torch reports it" if b.total_measured else "nvidia-smi's figure: unmeasured"
+    lines = [
+        f"{setup.model.name} on {setup.gpu} ({fmt_gib(b.total_bytes)}, {measured}), vLLM "
+        f"{b.version} ({engine} engine), tensor parallel {setup.tp}, max_model_len "
+        f"{b.max_model_len:,}, KV cache {setup.kv_dtype}, blocks of {b.block_size} tokens",
+        f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}",
+    ]
+    peak = "sampler" if b.sampler_peak_bytes >= b.forward_peak_bytes else "forward"
+    rows = [
+        (f"total x gpu_memory_utilization {b.utilization:.2f}", b.requested_bytes),
+        (f"- weights ({setup.weights}) and the rotary cache", b.weights_bytes),
+        (
+            f"- profile run's peak ({b.profile_tokens:,} tokens, {b.profile_seqs:,} requests: "
+            f"{peak})",
+            b.activation_peak_bytes,
+        ),
+        ("- memory outside torch (measured constant)", b.non_torch_bytes),
+    ]
+    if b.cuda_graph_bytes:
+        rows.append(("- CUDA graphs (estimated from 0.20; measured constant)", b.cuda_graph_bytes))
+    rows.append(("= available for the KV cache", b.available_bytes))
+    for label, value in rows:
+        lines.append(f"{label:61} {fmt_gb(value):>11} {fmt_gib(value):>13}")
+    lines.append(
+        f"KV cache: {b.page_bytes * b.layers // b.block_size:,} bytes per token on each GPU "
+        f"({b.layers} layers); {b.num_blocks:,} blocks = {b.kv_tokens:,} tokens; one request "
+        f"of {b.max_model_len:,} tokens takes {b.blocks_per_request:,} blocks"
+    )
+    verdict = "starts" if b.starts else "does NOT start"
+    lines.append(
+        f"vLLM {verdict}: at most {b.max_concurrency:.2f} requests of {b.max_model_len:,} "
+        f"tokens at once; the longest max_model_len that starts: {b.largest_max_model_len:,}"
+    )
+    lines.append("vLLM would print:")
+    lines.extend(f"  {line}" for line in b.lines())
+    return "\n".join(lines)
+
+
 __all__ = [
     "engine_line",
     "engine_name",
@@ -351,4 +394,5 @@ __all__ = [
     "estimate_table",
     "serve_dict",
     "serve_table",
+    "vllm_table",
 ]

@@ -222,7 +222,9 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 class GPU:
     """A GPU preset: its memory as sold (bytes) and where the figure comes from; optionally the
     CUDA context and the cuBLAS / cuBLASLt workspaces PyTorch takes on it
-    (:mod:`vrammath.terms.allocator`), with their source."""
+    (:mod:`vrammath.terms.allocator`), with their source; optionally the total a process sees
+    (``usable_bytes``: ``torch.cuda.mem_get_info()[1]``, less than nvidia-smi's figure on
+    data-centre cards; 0 where no measurement was found), with its source."""
 
     name: str
     bytes: int
@@ -232,6 +234,8 @@ class GPU:
     cublas_workspace_bytes: int = 0
     cublaslt_workspace_bytes: int = 0
     runtime_source: str = ""
+    usable_bytes: int = 0
+    usable_source: str = ""
 
 
 @cache
@@ -248,6 +252,8 @@ def load_gpus() -> dict[str, GPU]:
             cublas_workspace_bytes=int(row.get("cublas_workspace_bytes", 0)),
             cublaslt_workspace_bytes=int(row.get("cublaslt_workspace_bytes", 0)),
             runtime_source=str(row.get("runtime_source", "")),
+            usable_bytes=int(row.get("usable_bytes", 0)),
+            usable_source=str(row.get("usable_source", "")),
         )
         for name, row in data["gpu"].items()
     }

@@ -1,0 +1,127 @@
+"""vrammath's answer beside a serving engine's published startup log.
+
+A row of ``validation/serving-logs.json`` names a published vLLM (or SGLang) startup log: its source, the
+model (a preset, with the fields its published config differs in), the release, the GPU, the
+flags and what the engine printed. :func:`compare_log` evaluates :func:`vllm_budget` for it and
+returns both, with the error; a row vrammath cannot express keeps the reason (vrammath's own
+refusal, or why no preset fits). Pure: the caller reads the file.
+
+>>> row = {"id": "x", "engine": "vllm", "source": "s", "model": "m", "preset": "llama-3.1-8b",
+...        "version": "0.17.1", "gpu_preset": "A100-80GB", "tp": 1,
+...        "flags": {"max_model_len": 32768}, "printed": {"kv_tokens": 457024}}
+>>> c = compare_log(row)
+>>> c.predicted_tokens, f"{c.error:+.2%}"
+(457120, '+0.02%')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from vrammath.model.presets import load_model
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import InputError
+from vrammath.serve.estimate import Serve
+from vrammath.serve.vllm import GiB, Vllm, VllmBudget, vllm_budget
+
+#: why an SGLang row has no answer yet
+SGLANG_REASON = (
+    "SGLang's budget (mem_fraction_static of the memory free before the weights load, less "
+    "the weights) is not modelled yet"
+)
+#: config fields a row may set where the published config differs from the preset's
+OVERRIDES = ("max_position_embeddings",)
+
+
+@dataclass(frozen=True)
+class LogComparison:
+    """One published startup log and vrammath's answer for it."""
+
+    row: dict[str, Any]
+    budget: VllmBudget | None
+    reason: str | None
+
+    @property
+    def printed_tokens(self) -> int | None:
+        """KV tokens the engine printed (blocks x block size for V0)."""
+        value = self.row["printed"].get("kv_tokens")
+        return None if value is None else int(value)
+
+    @property
+    def predicted_tokens(self) -> int | None:
+        """vrammath's KV tokens, None where the row is not expressible."""
+        return None if self.budget is None else self.budget.kv_tokens
+
+    @property
+    def printed_kv_gib(self) -> float | None:
+        """The KV memory the engine printed (GiB, two decimals)."""
+        p = self.row["printed"]
+        value = p.get("available_kv_gib", p.get("kv_cache_gib"))
+        return None if value is None else float(value)
+
+    @property
+    def error(self) -> float | None:
+        """Relative error on KV tokens, else on the KV memory; None if not expressible."""
+        if self.budget is None:
+            return None
+        if self.printed_tokens:
+            return self.budget.kv_tokens / self.printed_tokens - 1
+        if self.printed_kv_gib:
+            return self.budget.available_bytes / GiB / self.printed_kv_gib - 1
+        return None
+
+    @property
+    def weights_error(self) -> float | None:
+        """Relative error on the weights the engine printed."""
+        printed = self.row["printed"].get("weights_gib")
+        if self.budget is None or printed is None:
+            return None
+        return self.budget.weights_bytes / GiB / float(printed) - 1
+
+
+def log_model(row: dict[str, Any]) -> ModelSpec:
+    """The row's model: its preset with the fields of :data:`OVERRIDES` the row sets."""
+    spec = load_model(row["preset"])
+    over = row.get("overrides") or {}
+    for key in over:
+        if key not in OVERRIDES:
+            raise InputError("overrides", f"must be among {', '.join(OVERRIDES)}", key)
+    if "max_position_embeddings" in over:
+        emb = dataclasses.replace(
+            spec.embeddings, max_positions=int(over["max_position_embeddings"])
+        )
+        spec = dataclasses.replace(spec, embeddings=emb)
+    return spec
+
+
+def compare_log(row: dict[str, Any]) -> LogComparison:
+    """vrammath's budget for one published log row, or the reason it cannot be expressed."""
+    if row.get("engine") == "sglang":
+        return LogComparison(row, None, SGLANG_REASON)
+    if row.get("engine") != "vllm":
+        raise InputError("engine", "must be vllm or sglang", row.get("engine"))
+    if row.get("preset") is None or row.get("version") is None:
+        return LogComparison(row, None, row.get("why") or "no preset or no release")
+    if row.get("gpu_preset") is None and row.get("total_gib") is None:
+        return LogComparison(row, None, row.get("why") or "no GPU total")
+    try:
+        setup = Serve(
+            log_model(row),
+            weights=row.get("weights", "bf16"),
+            tp=int(row.get("tp", 1)),
+            gpu=row.get("gpu_preset") or "A100-80GB",
+        )
+        total = row.get("total_gib")
+        budget = vllm_budget(
+            setup,
+            Vllm(version=row["version"], **row.get("flags", {})),
+            total_bytes=None if total is None else round(float(total) * GiB),
+        )
+    except InputError as err:
+        return LogComparison(row, None, str(err))
+    return LogComparison(row, budget, None)
+
+
+__all__ = ["OVERRIDES", "SGLANG_REASON", "LogComparison", "compare_log", "log_model"]

@@ -1,0 +1,518 @@
+"""vLLM's KV-cache budget at startup: the tokens, blocks and concurrency it prints.
+
+vLLM sizes its KV cache once, at startup, from a profile run. From 0.6.4 to 0.33, in the V0
+engine (``vllm/worker/worker.py: Worker.determine_num_available_blocks``) and in V1 from 0.9.2
+(``vllm/v1/worker/gpu_worker.py: Worker.determine_available_memory``), the rule is::
+
+    available = util * total - (weights + activation_peak + non_torch [+ cuda_graphs])
+
+* ``total`` is what ``torch.cuda.mem_get_info`` reports as the card's total (less than
+  nvidia-smi's figure on data-centre cards; the GPU preset's ``usable_bytes``), ``util`` is
+  ``--gpu-memory-utilization`` (0.90 up to 0.19, 0.92 from 0.20: ``vllm/config/cache.py``).
+* ``weights`` is what loading the model allocated (``model_memory_usage``): the parameters and
+  the rotary ``cos_sin_cache`` (``max_position_embeddings x rotary_dim`` in the model dtype,
+  ``vllm/model_executor/layers/rotary_embedding.py``).
+* ``activation_peak`` is the rise of PyTorch's peak during the profile run
+  (``profile_run``): a forward over ``max_num_batched_tokens`` tokens split into
+  ``min(max_num_seqs, tokens)`` requests, then the sampler over one row per request
+  (:func:`forward_peak_bytes`, :func:`sampler_peak_bytes`; the defaults in
+  ``_profile_shape``).
+* ``non_torch`` is memory outside PyTorch's allocator seen by the profile
+  (``vllm/utils: memory_profiling`` from 0.6.5; in 0.6.4 everything the GPU holds outside
+  torch): kernels loaded lazily, library handles, NCCL. No model term derives it: it is a
+  measured constant (``conf/serving.toml``).
+* ``cuda_graphs``: from 0.20 on, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 and
+  the graphs' estimated memory is subtracted too (``profile_cudagraph_memory``); a measured
+  constant as well.
+
+Then ``num_blocks = available // page_bytes // layers`` with ``page_bytes = 2 x block_size x
+kv_heads_per_gpu x head_dim x dtype`` per layer (``vllm/v1/kv_cache_interface.py:
+AttentionSpec.page_size_bytes``; one latent "head" of ``kv_lora_rank + qk_rope_head_dim`` and no
+factor 2 under MLA; V0's ``CacheEngine.get_cache_block_size`` is the same over all layers). V1
+prints ``GPU KV cache size: {num_blocks x block_size:,} tokens`` and ``Maximum concurrency for
+{max_model_len:,} tokens per request: {x:.2f}x``, ``x = num_blocks / blocks_per_request`` from
+0.11 (``vllm/v1/core/kv_cache_utils.py: get_max_concurrency_for_kv_cache_config``; a sliding
+window's request holds ``ceil(min(window - 1 + max_num_batched_tokens, max_model_len) /
+block_size) + 1`` blocks) and tokens over ``max_model_len`` before; V0 prints ``# GPU blocks``
+(``# cuda blocks`` from 0.7). Both refuse to start when one request of ``max_model_len`` tokens
+does not fit (``check_enough_kv_cache_memory``, ``raise_if_cache_size_invalid``).
+
+What is not modelled is refused by name: releases before 0.6.4 and V1 before 0.9.2 (other
+budget rules), 0.34 and later (the cache is sized after CUDA-graph capture), models that mix
+sliding-window and full layers (KV-cache groups), mixture-of-experts layers (the fused-MoE
+kernels' buffers in the profile run), quantized weights (vLLM's quantized loaders).
+
+Examples
+========
+
+>>> from vrammath.model.presets import load_model
+>>> from vrammath.serve.estimate import Serve
+>>> b = vllm_budget(Serve(load_model("llama-3.1-8b"), gpu="H100-80GB"), Vllm(max_model_len=32768))
+>>> b.profile_tokens, b.profile_seqs, f"{b.kv_tokens:,}", round(b.max_concurrency, 2)
+(8192, 1024, '449,872', 13.73)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+
+from vrammath.model.presets import GPU, conf_dir, gpu
+from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import InputError
+from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
+from vrammath.serve.estimate import Serve
+from vrammath.serve.kv_cache import kv_bytes_per_token
+from vrammath.serve.weights import serving_weight_bytes
+
+GiB = 2**30
+
+#: The vLLM releases whose budget rules this module follows (first, last), inclusive.
+VLLM_RANGE = ((0, 6, 4), (0, 33, 99))
+#: The first release whose V1 engine budgets by ``memory_profiling`` (0.8.0 to 0.9.1's V1 took
+#: the peak of all allocations plus everything outside torch, the CUDA context included).
+V1_FROM = (0, 9, 2)
+#: The release a plain ``--engine vllm`` follows.
+VLLM_DEFAULT = "0.11.0"
+#: Bytes per (request, vocabulary entry) at the V1 sampler's peak in the profile run, beyond the
+#: logits in the model dtype (``compute_logits``): their float32 copy (``Sampler.forward``:
+#: ``logits.to(torch.float32)``) and FlashInfer's float32 probabilities
+#: (``vllm/v1/sample/ops/topk_topp_sampler.py: TopKTopPSampler.forward_cuda``).
+V1_SAMPLER_BYTES = 4 + 4
+#: The same for the V0 sampler, at the ``gather`` that ends ``_apply_top_k_top_p``
+#: (``vllm/model_executor/layers/sampler.py``; the profile run asks for top-p 0.99 and top-k
+#: vocab - 1): the float32 logits, ``logits_sort``, ``probs_sort``, ``probs_sum`` and the
+#: gathered result (5 x 4), ``logits_idx`` and ``logits_idx_inv`` (2 x 8, int64), the top-k
+#: and top-p masks (2 x 1).
+V0_SAMPLER_BYTES = 5 * 4 + 2 * 8 + 2 * 1
+
+
+def _version(text: str) -> tuple[int, int, int]:
+    """``major.minor.patch`` of a release string; a suffix (``.post1``, ``rc1``, ``+local``)
+    is dropped.
+
+    >>> _version("0.13.0+faa43dbf.nv26.01"), _version("v0.8.5.post1"), _version("0.11")
+    ((0, 13, 0), (0, 8, 5), (0, 11, 0))
+    """
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-.+a-z].*)?", text.strip())
+    if match is None:
+        raise InputError("vllm_version", "must be a release number like 0.11.0", text)
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+@dataclass(frozen=True)
+class Vllm:
+    """vLLM's own flags that change its KV budget (``None``: the release's default)."""
+
+    version: str = declared(
+        VLLM_DEFAULT,
+        "--vllm-version",
+        "the vLLM release followed (0.6.4 to 0.33; default {default})",
+    )
+    v0: bool = declared(
+        False,
+        "--v0",
+        "the V0 engine (VLLM_USE_V1=0) in 0.8 to 0.10; releases before 0.8 run V0 anyway",
+        kind="switch",
+    )
+    gpu_memory_utilization: float | None = declared(
+        None,
+        "--gpu-memory-utilization",
+        "fraction of the GPU's total vLLM may use (default 0.90 to 0.19, 0.92 from 0.20)",
+        kind="fraction",
+    )
+    max_model_len: int | None = declared(
+        None,
+        "--max-model-len",
+        f"tokens per request (1..{MAX_TOKENS}; default the model's max_position_embeddings)",
+        low=1,
+        high=MAX_TOKENS,
+    )
+    max_num_seqs: int | None = declared(
+        None,
+        "--max-num-seqs",
+        f"requests per step (1..{MAX_COUNT}; default 1024 on GPUs of 70 GiB or more but A100, "
+        "else 256)",
+        low=1,
+        high=MAX_COUNT,
+    )
+    max_num_batched_tokens: int | None = declared(
+        None,
+        "--max-num-batched-tokens",
+        f"tokens per step (1..{MAX_TOKENS}; default 8192 (server) or 16384 (offline LLM) on GPUs "
+        "of 70 GiB or more but A100, else 2048 or 8192)",
+        low=1,
+        high=MAX_TOKENS,
+    )
+    offline: bool = declared(
+        False,
+        "--offline",
+        "vLLM run as LLM(...) in Python (its defaults), not `vllm serve`",
+        kind="switch",
+    )
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        v = _version(self.version) if isinstance(self.version, str) else None
+        if v is None or not VLLM_RANGE[0] <= v <= VLLM_RANGE[1]:
+            raise InputError(
+                "vllm_version",
+                "must be a release from 0.6.4 to 0.33 (older ones budget by other rules; 0.34 "
+                "sizes the cache after CUDA-graph capture)",
+                self.version,
+            )
+        if self.v0 and v >= (0, 11, 0):
+            raise InputError("v0", "the V0 engine was removed in vLLM 0.11", self.version)
+        if not self.engine_v0 and v < V1_FROM:
+            raise InputError(
+                "vllm_version",
+                "V1 before 0.9.2 budgets by another rule (its peak of all allocations and the "
+                "CUDA context): pass --v0 for the V0 engine, or 0.9.2 or later",
+                self.version,
+            )
+        u = self.gpu_memory_utilization
+        if u is not None and (
+            isinstance(u, bool) or not isinstance(u, int | float) or not 0 < u <= 1
+        ):
+            raise InputError("gpu_memory_utilization", "must be a number in (0, 1]", u)
+
+    @property
+    def release(self) -> tuple[int, int, int]:
+        """The release as a tuple."""
+        return _version(self.version)
+
+    @property
+    def engine_v0(self) -> bool:
+        """Whether the V0 engine runs (every release before 0.8, or ``--v0``)."""
+        return self.v0 or _version(self.version) < (0, 8, 0)
+
+
+@cache
+def runtime_constants() -> dict[str, float]:
+    """The measured constants of ``conf/serving.toml`` (GiB), by name."""
+    data = tomllib.loads((conf_dir() / "serving.toml").read_text(encoding="utf-8"))
+    return {k: float(v["gib"]) for k, v in data["vllm"].items()}
+
+
+@dataclass(frozen=True)
+class VllmBudget:
+    """vLLM's startup budget on one GPU, its parts, and what the engine prints."""
+
+    version: str
+    engine_v0: bool
+    total_bytes: int
+    total_measured: bool
+    utilization: float
+    weights_bytes: int
+    forward_peak_bytes: int
+    sampler_peak_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    page_bytes: int
+    layers: int
+    block_size: int
+    max_model_len: int
+    profile_tokens: int
+    profile_seqs: int
+    #: blocks one request holds under an all-sliding-window model (V1), else None
+    window_blocks: int | None = None
+
+    @property
+    def activation_peak_bytes(self) -> int:
+        """The profile run's peak above the weights, the larger of forward and sampler."""
+        return max(self.forward_peak_bytes, self.sampler_peak_bytes)
+
+    @property
+    def requested_bytes(self) -> float:
+        """What vLLM may use, ``util x total``."""
+        return self.total_bytes * self.utilization
+
+    @property
+    def available_bytes(self) -> int:
+        """What is left for the KV cache (``available_kv_cache_memory``)."""
+        rest = self.weights_bytes + self.activation_peak_bytes
+        return int(self.requested_bytes - (rest + self.non_torch_bytes + self.cuda_graph_bytes))
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of ``block_size`` tokens in every layer."""
+        return max(self.available_bytes // self.page_bytes // self.layers, 0)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV cache on each GPU (V1's ``GPU KV cache size``)."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def blocks_per_request(self) -> int:
+        """Blocks one request of ``max_model_len`` tokens takes."""
+        if self.window_blocks is not None:
+            return self.window_blocks
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def whole_blocks(self) -> bool:
+        """Concurrency in whole blocks per request (V1 from 0.11), else in tokens."""
+        return not self.engine_v0 and _version(self.version) >= (0, 11, 0)
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of ``max_model_len`` tokens the cache holds at once."""
+        if self.whole_blocks:
+            return self.num_blocks / self.blocks_per_request
+        return self.kv_tokens / self.max_model_len
+
+    @property
+    def starts(self) -> bool:
+        """Whether vLLM starts (it refuses when one request of ``max_model_len`` does not fit)."""
+        if self.engine_v0:
+            return self.num_blocks > 0 and self.kv_tokens >= self.max_model_len
+        return self.available_bytes > 0 and self.num_blocks >= self.blocks_per_request
+
+    @property
+    def largest_max_model_len(self) -> int:
+        """The longest ``--max-model-len`` whose one request still fits (whole blocks)."""
+        return self.kv_tokens
+
+    def lines(self) -> list[str]:
+        """The engine's own startup lines, as it would print them."""
+        if self.available_bytes <= 0 or self.num_blocks == 0:
+            return [
+                "No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."
+            ]
+        if self.engine_v0:
+            return self._v0_lines()
+        out = [
+            f"Available KV cache memory: {self.available_bytes / GiB:.2f} GiB",
+            f"GPU KV cache size: {self.kv_tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+            f"{self.max_concurrency:.2f}x",
+        ]
+        if not self.starts:
+            needed = self.blocks_per_request * self.page_bytes * self.layers
+            out.append(
+                f"ValueError: To serve at least one request with the models's max seq len "
+                f"({self.max_model_len}), ({needed / GiB:.2f} GiB KV cache is needed, which is "
+                f"larger than the available KV cache memory ({self.available_bytes / GiB:.2f} "
+                f"GiB). Based on the available memory, the estimated maximum model length is "
+                f"{self.largest_max_model_len}."
+            )
+        return out
+
+    def _v0_lines(self) -> list[str]:
+        device = "GPU" if _version(self.version) < (0, 7, 0) else "cuda"
+        cpu_blocks = 4 * GiB // (self.page_bytes * self.layers)  # swap_space 4 GiB
+        out = [
+            f"the current vLLM instance can use total_gpu_memory ({self.total_bytes / GiB:.2f}GiB)"
+            f" x gpu_memory_utilization ({self.utilization:.2f}) = "
+            f"{self.requested_bytes / GiB:.2f}GiB",
+            f"model weights take {self.weights_bytes / GiB:.2f}GiB; non_torch_memory takes "
+            f"{self.non_torch_bytes / GiB:.2f}GiB; PyTorch activation peak memory takes "
+            f"{self.activation_peak_bytes / GiB:.2f}GiB; the rest of the memory reserved for KV "
+            f"Cache is {self.available_bytes / GiB:.2f}GiB.",
+            f"# {device} blocks: {self.num_blocks}, # CPU blocks: {cpu_blocks}",
+            f"Maximum concurrency for {self.max_model_len} tokens per request: "
+            f"{self.max_concurrency:.2f}x",
+        ]
+        if not self.starts:
+            out.append(
+                f"ValueError: The model's max seq len ({self.max_model_len}) is larger than the "
+                f"maximum number of tokens that can be stored in KV cache ({self.kv_tokens}). "
+                "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+                "initializing the engine."
+            )
+        return out
+
+    def as_dict(self) -> dict[str, object]:
+        """Machine-readable form (bytes as integers)."""
+        return {
+            "engine": "vllm",
+            "version": self.version,
+            "v0": self.engine_v0,
+            "total_bytes": self.total_bytes,
+            "total_measured": self.total_measured,
+            "gpu_memory_utilization": self.utilization,
+            "requested_bytes": math.floor(self.requested_bytes),
+            "weights_bytes": self.weights_bytes,
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "forward_peak_bytes": self.forward_peak_bytes,
+            "sampler_peak_bytes": self.sampler_peak_bytes,
+            "non_torch_bytes": self.non_torch_bytes,
+            "cuda_graph_bytes": self.cuda_graph_bytes,
+            "available_kv_bytes": self.available_bytes,
+            "page_bytes_per_layer": self.page_bytes,
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+            "kv_tokens": self.kv_tokens,
+            "max_model_len": self.max_model_len,
+            "blocks_per_request": self.blocks_per_request,
+            "max_concurrency": self.max_concurrency,
+            "starts": self.starts,
+            "largest_max_model_len": self.largest_max_model_len,
+            "profile_tokens": self.profile_tokens,
+            "profile_seqs": self.profile_seqs,
+            "lines": self.lines(),
+        }
+
+
+def _refuse_unmodelled(spec: ModelSpec) -> None:
+    if spec.experts is not None:
+        raise InputError(
+            "model",
+            "vLLM's profile run of a mixture-of-experts layer (fused-MoE buffers) is not "
+            "modelled by --engine vllm",
+            spec.name,
+        )
+    if spec.sliding_window is not None and spec.attention.window_layers != spec.layers:
+        raise InputError(
+            "model",
+            "sliding-window and full layers put vLLM's cache into KV-cache groups, not modelled "
+            "by --engine vllm",
+            spec.name,
+        )
+
+
+def big_card(card: GPU, total: int) -> bool:
+    """vLLM's larger defaults: 70 GiB or more and not an A100 (``EngineArgs``'s batch defaults)."""
+    return total >= 70 * GiB and "a100" not in card.label.lower()
+
+
+def forward_peak_bytes(spec: ModelSpec, tokens: int, tp: int, dtype_bytes: int = 2) -> int:
+    """The profile forward's peak inside one decoder layer, per GPU.
+
+    In the MLP (``vllm/model_executor/models/llama.py: LlamaMLP.forward``), while ``down_proj``
+    writes its output, the layer holds the residual, the MLP's input, ``gate_up`` (``2 f / t``:
+    still bound to its local name), the activation (``f / t``) and the output (``h``):
+    ``3 h + 3 f / t`` per token (``2 f / t`` for an ungated MLP). Attention holds the residual,
+    its input, ``qkv``, its output and ``o_proj``'s: ``3 h + (2 q + 2 kv) / t``. The larger is
+    the peak.
+
+    >>> from vrammath.model.presets import load_model
+    >>> forward_peak_bytes(load_model("llama-3.1-8b"), 20000, 1) == 20000 * (3 * 4096 + 3 * 14336) * 2
+    True
+    """
+    h, f = spec.hidden, spec.intermediate
+    q = spec.heads * spec.head_dim
+    kv = max(1, spec.kv_heads // tp) * spec.head_dim
+    mlp = 3 * h + (3 if spec.gated_mlp else 2) * f // tp
+    attn = 3 * h + (2 * q) // tp + 2 * kv
+    return tokens * max(mlp, attn) * dtype_bytes
+
+
+def sampler_peak_bytes(spec: ModelSpec, seqs: int, *, v0: bool, dtype_bytes: int = 2) -> int:
+    """The sampler's peak in the profile run: one row per request over the whole vocabulary
+    (the logits are gathered), the model-dtype logits and the sampler's own tensors
+    (:data:`V1_SAMPLER_BYTES`, :data:`V0_SAMPLER_BYTES`)."""
+    per = dtype_bytes + (V0_SAMPLER_BYTES if v0 else V1_SAMPLER_BYTES)
+    return seqs * spec.vocab * per
+
+
+def rotary_cache_bytes(spec: ModelSpec, dtype_bytes: int = 2) -> int:
+    """vLLM's rotary ``cos_sin_cache``: ``max_position_embeddings x rotary_dim`` in the model
+    dtype, one per model (``get_rope`` shares it between layers); 0 for learned positions."""
+    if spec.learned_positions:
+        return 0
+    rot = spec.attention.rotary_dim or spec.head_dim
+    return spec.max_positions * rot * dtype_bytes
+
+
+def _profile_shape(flags: Vllm, big: bool, max_len: int) -> tuple[int, int]:
+    """``(max_num_batched_tokens, requests)`` of the profile run, the release's defaults filled."""
+    if flags.engine_v0:
+        seqs = flags.max_num_seqs or 256
+        chunked = max_len > 32768  # V0 turns chunked prefill on by itself past 32K
+        chunk = 512 if flags.release < (0, 7, 0) else 2048
+        tokens = flags.max_num_batched_tokens or (chunk if chunked else max(max_len, 2048))
+    else:
+        seqs = flags.max_num_seqs or (1024 if big else 256)
+        default = (16384 if flags.offline else 8192) if big else (8192 if flags.offline else 2048)
+        tokens = flags.max_num_batched_tokens or default
+    return tokens, min(seqs, tokens)
+
+
+def _non_torch_key(flags: Vllm, tp: int) -> str:
+    if flags.release < (0, 6, 5):
+        return "non_torch_whole_gpu"
+    return "non_torch" if tp == 1 else "non_torch_tp"
+
+
+def vllm_budget(
+    setup: Serve, flags: Vllm | None = None, *, total_bytes: int | None = None
+) -> VllmBudget:
+    """vLLM's startup KV budget for ``setup`` on its GPU (``setup.gpu`` is required).
+
+    ``total_bytes``: the card's total as torch reports it on the machine at hand (default: the
+    preset's measured usable size, else its nominal size, which the budget then flags).
+    """
+    flags = flags or Vllm()
+    spec = setup.model
+    if setup.gpu is None:
+        raise InputError("gpu", "is needed by --engine vllm (its budget is a fraction of the GPU)")
+    if setup.weights not in ("bf16", "fp16"):
+        raise InputError(
+            "weights",
+            "must be bf16 or fp16 with --engine vllm (quantized loaders are not modelled)",
+            setup.weights,
+        )
+    if setup.block is None:
+        raise InputError("block", "vLLM's cache is paged: --no-paging is not read by --engine vllm")
+    _refuse_unmodelled(spec)
+    card = gpu(setup.gpu)
+    total = total_bytes if total_bytes is not None else (card.usable_bytes or card.bytes)
+    util = flags.gpu_memory_utilization
+    if util is None:
+        util = 0.92 if flags.release >= (0, 20, 0) else 0.90
+    max_len = flags.max_model_len or spec.max_positions
+    tokens, seqs = _profile_shape(flags, big_card(card, total), max_len)
+    const = runtime_constants()
+    graphs = 0
+    if not flags.engine_v0 and flags.release >= (0, 20, 0):
+        graphs = round(const["cuda_graphs"] * GiB)
+    block = setup.block
+    window = None
+    if spec.sliding_window is not None and not flags.engine_v0:
+        # SlidingWindowSpec.max_memory_usage_bytes: the window plus one step's tokens, +1 block
+        span = min(spec.sliding_window - 1 + tokens, max_len)
+        window = -(-span // block) + 1
+    return VllmBudget(
+        version=flags.version,
+        engine_v0=flags.engine_v0,
+        total_bytes=total,
+        total_measured=total_bytes is not None or card.usable_bytes > 0,
+        utilization=util,
+        weights_bytes=serving_weight_bytes(spec, setup.weights, tp=setup.tp)["weights"]
+        + rotary_cache_bytes(spec),
+        forward_peak_bytes=forward_peak_bytes(spec, tokens, setup.tp),
+        sampler_peak_bytes=sampler_peak_bytes(spec, seqs, v0=flags.engine_v0),
+        non_torch_bytes=round(const[_non_torch_key(flags, setup.tp)] * GiB),
+        cuda_graph_bytes=graphs,
+        page_bytes=kv_bytes_per_token(spec, setup.kv_dtype, tp=setup.tp) // spec.layers * block,
+        layers=spec.layers,
+        block_size=block,
+        max_model_len=max_len,
+        profile_tokens=tokens,
+        profile_seqs=seqs,
+        window_blocks=window,
+    )
+
+
+__all__ = [
+    "V0_SAMPLER_BYTES",
+    "V1_FROM",
+    "V1_SAMPLER_BYTES",
+    "VLLM_DEFAULT",
+    "VLLM_RANGE",
+    "Vllm",
+    "VllmBudget",
+    "big_card",
+    "forward_peak_bytes",
+    "rotary_cache_bytes",
+    "runtime_constants",
+    "sampler_peak_bytes",
+    "vllm_budget",
+]

@@ -1,0 +1,130 @@
+"""The ``vrammath serve`` command: its options and its answer, with or without an engine's rule.
+
+``--engine hf`` (the default) answers weights + KV cache against a flat share of the GPU
+(:func:`vrammath.serve.estimate.serve`); ``--engine vllm`` follows vLLM's own startup budget
+(:func:`vrammath.serve.vllm.vllm_budget`) and prints the lines vLLM would print. Each option is
+declared once, on :class:`~vrammath.serve.estimate.Serve` or :class:`~vrammath.serve.vllm.Vllm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from vrammath.answers.report import serve_dict, serve_table, vllm_table
+from vrammath.answers.vllm_fit import fewest_tp, smallest_gpu
+from vrammath.flags import Parser, add_options, choice, number
+from vrammath.model.presets import resolve_model
+from vrammath.notation.errors import InputError
+from vrammath.notation.fields import field_values, options
+from vrammath.serve.estimate import Serve, ServeEstimate, serve, serve_warnings
+from vrammath.serve.vllm import Vllm, vllm_budget
+
+Result = tuple[str, dict[str, Any]]
+
+#: the serving engines whose rule ``--engine`` selects
+SERVE_ENGINES = ("hf", "vllm")
+
+_NOT_GIVEN: Any = object()  # a flag's default that tells "not typed" from any typed value
+_SERVE_BLOCK = next(f.default for f in dataclasses.fields(Serve) if f.name == "block")
+_SERVE_UTIL = next(f.default for f in dataclasses.fields(Serve) if f.name == "gpu_util")
+
+
+def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -> None:
+    """The ``serve`` subcommand and its options."""
+    srv = sub.add_parser(
+        "serve", help="weights + KV cache per GPU for serving, and what fits (or vLLM's budget)"
+    )
+    srv.add_argument("model", help=model_help)
+    srv.add_argument(
+        "--engine",
+        type=choice("engine", SERVE_ENGINES),
+        default="hf",
+        help="hf: weights + KV cache against --gpu-util of the GPU; vllm: vLLM's own startup "
+        "budget, the KV tokens and concurrency it prints (needs --gpu) (default hf)",
+    )
+    add_options(srv, Serve)
+    add_options(srv, Vllm)
+    srv.add_argument(
+        "--concurrency",
+        type=number("concurrency", 0, 2**24, open_low=True, open_high=False),
+        default=None,
+        help="with --engine vllm: also answer the fewest tensor-parallel GPUs and the smallest "
+        "GPU preset that hold this many requests of max_model_len tokens at once",
+    )
+    srv.add_argument("--no-paging", action="store_true", help="unpaged cache (exact tokens)")
+    srv.set_defaults(block=_NOT_GIVEN, gpu_util=_NOT_GIVEN)  # typed or not: see cmd_serve
+    srv.add_argument("--json", action="store_true", help="machine-readable output (same content)")
+
+
+def _serve_data(est: ServeEstimate) -> dict[str, Any]:
+    data: dict[str, Any] = serve_dict(est)
+    data["total_with_reserve_bytes"] = est.total_with_reserve_bytes
+    data["warnings"] = list(serve_warnings(est.setup))
+    return data
+
+
+def cmd_serve(args: argparse.Namespace) -> Result:
+    """The answer of ``vrammath serve``: text and its JSON."""
+    given = {o.name: getattr(args, o.name) for o in options(Serve) if o.flag is not None}
+    engine_flags = {o.name: getattr(args, o.name) for o in options(Vllm) if o.flag is not None}
+    if args.no_paging and given["block"] is not _NOT_GIVEN:
+        raise InputError("block", "is not read with --no-paging (an unpaged cache)", given["block"])
+    if given["block"] is _NOT_GIVEN:
+        given["block"] = None if args.no_paging else _SERVE_BLOCK
+    if args.engine == "vllm":
+        return _vllm_answer(args, given, engine_flags)
+    typed = [o.flag for o in options(Vllm) if engine_flags[o.name] != getattr(Vllm(), o.name)]
+    if args.concurrency is not None:
+        typed.append("--concurrency")
+    if typed:
+        raise InputError(str(typed[0]).removeprefix("--"), "is read by --engine vllm only")
+    if given["gpu_util"] is _NOT_GIVEN:
+        given["gpu_util"] = _SERVE_UTIL
+    setup = Serve(resolve_model(args.model), **given)
+    est = serve(setup)
+    head = (
+        f"{setup.model.name}: serving {setup.batch} x {setup.context} tokens, weights "
+        f"{setup.weights}, KV cache {setup.kv_dtype}, tensor parallel {setup.tp}"
+    )
+    return head + "\n" + serve_table(est), _serve_data(est)
+
+
+def _vllm_answer(args: argparse.Namespace, given: dict[str, Any], flags: dict[str, Any]) -> Result:
+    if given["gpu_util"] is not _NOT_GIVEN:
+        raise InputError("gpu-util", "is not read by --engine vllm: use --gpu-memory-utilization")
+    for name in ("context", "batch"):
+        default = next(f.default for f in dataclasses.fields(Serve) if f.name == name)
+        if given[name] != default:
+            raise InputError(name, "is not read by --engine vllm: use --max-model-len")
+    given["gpu_util"] = _SERVE_UTIL
+    setup = Serve(resolve_model(args.model), **given)
+    budget = vllm_budget(setup, Vllm(**flags))
+    data: dict[str, Any] = {
+        "model": setup.model.name,
+        "setup": field_values(setup),
+        "vllm": budget.as_dict(),
+        "warnings": list(setup.model.context_warnings("max_model_len", budget.max_model_len)),
+    }
+    del data["setup"]["context"], data["setup"]["batch"], data["setup"]["gpu_util"]
+    if not budget.total_measured:
+        data["warnings"].append(
+            f"{setup.gpu}: no measured usable total (torch.cuda.mem_get_info) in the GPU preset; "
+            "nvidia-smi's figure is used, larger than what vLLM sees"
+        )
+    text = vllm_table(setup, budget)
+    if args.concurrency is not None:
+        want = args.concurrency
+        flags_ = Vllm(**flags)
+        tp, card = fewest_tp(setup, flags_, want), smallest_gpu(setup, flags_, want)
+        data["concurrency"] = {"requests": want, "fewest_tp": tp, "smallest_gpu": card}
+        text += (
+            f"\nfor {want:g} requests of {budget.max_model_len:,} tokens at once: tensor "
+            f"parallel {tp if tp is not None else 'none (no size holds them)'} on {setup.gpu}; "
+            f"smallest GPU preset at tensor parallel {setup.tp}: {card or 'none'}"
+        )
+    return text, data
+
+
+__all__ = ["SERVE_ENGINES", "add_serve_parser", "cmd_serve"]
