@@ -38,9 +38,9 @@ from vrammath.serve.estimate import Serve
 from vrammath.serve.vllm import Vllm
 
 COMMANDS = ("estimate", "fit", "serve", "vllm")
-#: the calculator's tabs that run a command under an engine's rule: tab -> its command line head
+#: the command line's head for each calculator tab that runs a command under an engine's rule
 ENGINE_TABS = {"vllm": ("serve", "--engine", "vllm")}
-#: what ``serve --engine vllm`` does not read (it refuses them typed): vLLM's flags say it
+#: the fields ``serve --engine vllm`` does not read (typed, they are refused; vLLM's flags say it)
 VLLM_UNREAD = ("context", "batch", "gpu_util")
 #: what ``fit`` reads beside a training setup (its flags and defaults are the parser's)
 FIT_EXTRAS = ("headroom", "reserve_gib")

@@ -256,7 +256,7 @@
   function renderVllm(tab, d) {
     const v = d.vllm;
     tab.status.className = "vm-status " + (v.starts ? "vm-ok" : "vm-bad");
-    tab.status.textContent = `vLLM ${v.version} (${v.v0 ? "V0" : "V1"} engine): ${Number(v.kv_tokens).toLocaleString("en")} ` +
+    tab.status.textContent = `vLLM ${v.version} (the rule of ${v.rule}): ${Number(v.kv_tokens).toLocaleString("en")} ` +
       `tokens of KV cache per GPU, ${Number(v.max_concurrency).toFixed(2)} requests of ` +
       `${Number(v.max_model_len).toLocaleString("en")} tokens at once; ${v.starts ? "starts" : "does NOT start"}`;
     tab.verdict.append(el("div", { id: "vm-vl-lines", class: "vm-verdict" },

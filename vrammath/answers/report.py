@@ -348,11 +348,10 @@ def serve_table(est: ServeEstimate) -> str:
 def vllm_table(setup: Serve, b: VllmBudget) -> str:
     """vLLM's startup budget as a subtraction, GB (1e9) and GiB (2**30) side by side, then the
     lines vLLM would print."""
-    engine = "V0" if b.engine_v0 else "V1"
     measured = "as torch reports it" if b.total_measured else "nvidia-smi's figure: unmeasured"
     lines = [
         f"{setup.model.name} on {setup.gpu} ({fmt_gib(b.total_bytes)}, {measured}), vLLM "
-        f"{b.version} ({engine} engine), tensor parallel {setup.tp}, max_model_len "
+        f"{b.version} (the rule of {b.rule}), tensor parallel {setup.tp}, max_model_len "
         f"{b.max_model_len:,}, KV cache {setup.kv_dtype}, blocks of {b.block_size} tokens",
         f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}",
     ]

@@ -15,7 +15,8 @@ engine (``vllm/worker/worker.py: Worker.determine_num_available_blocks``) and in
 * ``activation_peak`` is the rise of PyTorch's peak during the profile run
   (``profile_run``): a forward over ``max_num_batched_tokens`` tokens split into
   ``min(max_num_seqs, tokens)`` requests, then the sampler over one row per request
-  (:func:`forward_peak_bytes`, :func:`sampler_peak_bytes`; the defaults in
+  (:func:`~vrammath.serve.profile.forward_peak_bytes`,
+  :func:`~vrammath.serve.profile.sampler_peak_bytes`; the defaults in
   ``_profile_shape``).
 * ``non_torch`` is memory outside PyTorch's allocator seen by the profile
   (``vllm/utils: memory_profiling`` from 0.6.5; in 0.6.4 everything the GPU holds outside
@@ -40,7 +41,9 @@ does not fit (``check_enough_kv_cache_memory``, ``raise_if_cache_size_invalid``)
 What is not modelled is refused by name: releases before 0.6.4 and V1 before 0.9.2 (other
 budget rules), 0.34 and later (the cache is sized after CUDA-graph capture), models that mix
 sliding-window and full layers (KV-cache groups), mixture-of-experts layers (the fused-MoE
-kernels' buffers in the profile run), quantized weights (vLLM's quantized loaders).
+kernels' buffers in the profile run), bitsandbytes and int8 weights (vLLM's loaders for them).
+GPTQ/AWQ int4 weights are the packed codes and their group scales and zero points
+(:mod:`vrammath.serve.weights`).
 
 Examples
 ========
@@ -66,6 +69,13 @@ from vrammath.notation.errors import InputError
 from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
 from vrammath.serve.estimate import Serve
 from vrammath.serve.kv_cache import kv_bytes_per_token
+from vrammath.serve.profile import (
+    V0_SAMPLER_BYTES,
+    V1_SAMPLER_BYTES,
+    forward_peak_bytes,
+    rotary_cache_bytes,
+    sampler_peak_bytes,
+)
 from vrammath.serve.weights import serving_weight_bytes
 
 GiB = 2**30
@@ -77,17 +87,6 @@ VLLM_RANGE = ((0, 6, 4), (0, 33, 99))
 V1_FROM = (0, 9, 2)
 #: The release a plain ``--engine vllm`` follows.
 VLLM_DEFAULT = "0.11.0"
-#: Bytes per (request, vocabulary entry) at the V1 sampler's peak in the profile run, beyond the
-#: logits in the model dtype (``compute_logits``): their float32 copy (``Sampler.forward``:
-#: ``logits.to(torch.float32)``) and FlashInfer's float32 probabilities
-#: (``vllm/v1/sample/ops/topk_topp_sampler.py: TopKTopPSampler.forward_cuda``).
-V1_SAMPLER_BYTES = 4 + 4
-#: The same for the V0 sampler, at the ``gather`` that ends ``_apply_top_k_top_p``
-#: (``vllm/model_executor/layers/sampler.py``; the profile run asks for top-p 0.99 and top-k
-#: vocab - 1): the float32 logits, ``logits_sort``, ``probs_sort``, ``probs_sum`` and the
-#: gathered result (5 x 4), ``logits_idx`` and ``logits_idx_inv`` (2 x 8, int64), the top-k
-#: and top-p masks (2 x 1).
-V0_SAMPLER_BYTES = 5 * 4 + 2 * 8 + 2 * 1
 
 
 def _version(text: str) -> tuple[int, int, int]:
@@ -255,6 +254,16 @@ class VllmBudget:
         return -(-self.max_model_len // self.block_size)
 
     @property
+    def rule(self) -> str:
+        """The releases whose rule this answer follows, as one phrase."""
+        v = _version(self.version)
+        if self.engine_v0:
+            return "V0 of 0.6.4" if v < (0, 6, 5) else "V0 of 0.6.5 to 0.10"
+        if v < (0, 11, 0):
+            return "V1 of 0.9.2 to 0.10"
+        return "V1 of 0.11 to 0.19" if v < (0, 20, 0) else "V1 of 0.20 to 0.33"
+
+    @property
     def whole_blocks(self) -> bool:
         """Concurrency in whole blocks per request (V1 from 0.11), else in tokens."""
         return not self.engine_v0 and _version(self.version) >= (0, 11, 0)
@@ -333,6 +342,7 @@ class VllmBudget:
         return {
             "engine": "vllm",
             "version": self.version,
+            "rule": self.rule,
             "v0": self.engine_v0,
             "total_bytes": self.total_bytes,
             "total_measured": self.total_measured,
@@ -382,45 +392,6 @@ def big_card(card: GPU, total: int) -> bool:
     return total >= 70 * GiB and "a100" not in card.label.lower()
 
 
-def forward_peak_bytes(spec: ModelSpec, tokens: int, tp: int, dtype_bytes: int = 2) -> int:
-    """The profile forward's peak inside one decoder layer, per GPU.
-
-    In the MLP (``vllm/model_executor/models/llama.py: LlamaMLP.forward``), while ``down_proj``
-    writes its output, the layer holds the residual, the MLP's input, ``gate_up`` (``2 f / t``:
-    still bound to its local name), the activation (``f / t``) and the output (``h``):
-    ``3 h + 3 f / t`` per token (``2 f / t`` for an ungated MLP). Attention holds the residual,
-    its input, ``qkv``, its output and ``o_proj``'s: ``3 h + (2 q + 2 kv) / t``. The larger is
-    the peak.
-
-    >>> from vrammath.model.presets import load_model
-    >>> forward_peak_bytes(load_model("llama-3.1-8b"), 20000, 1) == 20000 * (3 * 4096 + 3 * 14336) * 2
-    True
-    """
-    h, f = spec.hidden, spec.intermediate
-    q = spec.heads * spec.head_dim
-    kv = max(1, spec.kv_heads // tp) * spec.head_dim
-    mlp = 3 * h + (3 if spec.gated_mlp else 2) * f // tp
-    attn = 3 * h + (2 * q) // tp + 2 * kv
-    return tokens * max(mlp, attn) * dtype_bytes
-
-
-def sampler_peak_bytes(spec: ModelSpec, seqs: int, *, v0: bool, dtype_bytes: int = 2) -> int:
-    """The sampler's peak in the profile run: one row per request over the whole vocabulary
-    (the logits are gathered), the model-dtype logits and the sampler's own tensors
-    (:data:`V1_SAMPLER_BYTES`, :data:`V0_SAMPLER_BYTES`)."""
-    per = dtype_bytes + (V0_SAMPLER_BYTES if v0 else V1_SAMPLER_BYTES)
-    return seqs * spec.vocab * per
-
-
-def rotary_cache_bytes(spec: ModelSpec, dtype_bytes: int = 2) -> int:
-    """vLLM's rotary ``cos_sin_cache``: ``max_position_embeddings x rotary_dim`` in the model
-    dtype, one per model (``get_rope`` shares it between layers); 0 for learned positions."""
-    if spec.learned_positions:
-        return 0
-    rot = spec.attention.rotary_dim or spec.head_dim
-    return spec.max_positions * rot * dtype_bytes
-
-
 def _profile_shape(flags: Vllm, big: bool, max_len: int) -> tuple[int, int]:
     """``(max_num_batched_tokens, requests)`` of the profile run, the release's defaults filled."""
     if flags.engine_v0:
@@ -453,10 +424,11 @@ def vllm_budget(
     spec = setup.model
     if setup.gpu is None:
         raise InputError("gpu", "is needed by --engine vllm (its budget is a fraction of the GPU)")
-    if setup.weights not in ("bf16", "fp16"):
+    if setup.weights not in ("bf16", "fp16", "int4"):
         raise InputError(
             "weights",
-            "must be bf16 or fp16 with --engine vllm (quantized loaders are not modelled)",
+            "must be bf16, fp16 or int4 (GPTQ/AWQ) with --engine vllm (its bitsandbytes and "
+            "int8 loaders are not modelled)",
             setup.weights,
         )
     if setup.block is None:
@@ -485,7 +457,7 @@ def vllm_budget(
         total_bytes=total,
         total_measured=total_bytes is not None or card.usable_bytes > 0,
         utilization=util,
-        weights_bytes=serving_weight_bytes(spec, setup.weights, tp=setup.tp)["weights"]
+        weights_bytes=sum(serving_weight_bytes(spec, setup.weights, tp=setup.tp).values())
         + rotary_cache_bytes(spec),
         forward_peak_bytes=forward_peak_bytes(spec, tokens, setup.tp),
         sampler_peak_bytes=sampler_peak_bytes(spec, seqs, v0=flags.engine_v0),

@@ -1,0 +1,76 @@
+"""The terms of vLLM's startup profile run: the forward's peak, the sampler's, the rotary cache.
+
+vLLM measures what one profile forward over ``max_num_batched_tokens`` tokens and one sampling
+step over ``min(max_num_seqs, tokens)`` requests take (``profile_run``); these derive it from
+the model, op by op as vLLM's code allocates (each function names the file).
+:mod:`vrammath.serve.vllm` composes them into the startup budget.
+
+>>> from vrammath.model.presets import load_model
+>>> spec = load_model("llama-3.1-8b")
+>>> forward_peak_bytes(spec, 8192, 1), sampler_peak_bytes(spec, 1024, v0=False)
+(905969664, 1313341440)
+"""
+
+from __future__ import annotations
+
+from vrammath.model.spec import ModelSpec
+
+#: Bytes per (request, vocabulary entry) at the V1 sampler's peak in the profile run, beyond the
+#: logits in the model dtype (``compute_logits``): their float32 copy (``Sampler.forward``:
+#: ``logits.to(torch.float32)``) and FlashInfer's float32 probabilities
+#: (``vllm/v1/sample/ops/topk_topp_sampler.py: TopKTopPSampler.forward_cuda``).
+V1_SAMPLER_BYTES = 4 + 4
+#: The same for the V0 sampler, at the ``gather`` that ends ``_apply_top_k_top_p``
+#: (``vllm/model_executor/layers/sampler.py``; the profile run asks for top-p 0.99 and top-k
+#: vocab - 1): the float32 logits, ``logits_sort``, ``probs_sort``, ``probs_sum`` and the
+#: gathered result (5 x 4), ``logits_idx`` and ``logits_idx_inv`` (2 x 8, int64), the top-k
+#: and top-p masks (2 x 1).
+V0_SAMPLER_BYTES = 5 * 4 + 2 * 8 + 2 * 1
+
+
+def forward_peak_bytes(spec: ModelSpec, tokens: int, tp: int, dtype_bytes: int = 2) -> int:
+    """The profile forward's peak inside one decoder layer, per GPU.
+
+    In the MLP (``vllm/model_executor/models/llama.py: LlamaMLP.forward``), while ``down_proj``
+    writes its output, the layer holds the residual, the MLP's input, ``gate_up`` (``2 f / t``:
+    still bound to its local name), the activation (``f / t``) and the output (``h``):
+    ``3 h + 3 f / t`` per token (``2 f / t`` for an ungated MLP). Attention holds the residual,
+    its input, ``qkv``, its output and ``o_proj``'s: ``3 h + (2 q + 2 kv) / t``. The larger is
+    the peak.
+
+    >>> from vrammath.model.presets import load_model
+    >>> forward_peak_bytes(load_model("llama-3.1-8b"), 20000, 1) == 20000 * (3 * 4096 + 3 * 14336) * 2
+    True
+    """
+    h, f = spec.hidden, spec.intermediate
+    q = spec.heads * spec.head_dim
+    kv = max(1, spec.kv_heads // tp) * spec.head_dim
+    mlp = 3 * h + (3 if spec.gated_mlp else 2) * f // tp
+    attn = 3 * h + (2 * q) // tp + 2 * kv
+    return tokens * max(mlp, attn) * dtype_bytes
+
+
+def sampler_peak_bytes(spec: ModelSpec, seqs: int, *, v0: bool, dtype_bytes: int = 2) -> int:
+    """The sampler's peak in the profile run: one row per request over the whole vocabulary
+    (the logits are gathered), the model-dtype logits and the sampler's own tensors
+    (:data:`V1_SAMPLER_BYTES`, :data:`V0_SAMPLER_BYTES`)."""
+    per = dtype_bytes + (V0_SAMPLER_BYTES if v0 else V1_SAMPLER_BYTES)
+    return seqs * spec.vocab * per
+
+
+def rotary_cache_bytes(spec: ModelSpec, dtype_bytes: int = 2) -> int:
+    """vLLM's rotary ``cos_sin_cache``: ``max_position_embeddings x rotary_dim`` in the model
+    dtype, one per model (``get_rope`` shares it between layers); 0 for learned positions."""
+    if spec.learned_positions:
+        return 0
+    rot = spec.attention.rotary_dim or spec.head_dim
+    return spec.max_positions * rot * dtype_bytes
+
+
+__all__ = [
+    "V0_SAMPLER_BYTES",
+    "V1_SAMPLER_BYTES",
+    "forward_peak_bytes",
+    "rotary_cache_bytes",
+    "sampler_peak_bytes",
+]
