@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from vrammath import GiB, Serve, Vllm, compare_log, load_model, vllm_budget
 from vrammath.cli import main
 from vrammath.notation.errors import InputError
-from vrammath.serve.vllm import forward_peak_bytes, sampler_peak_bytes
+from vrammath.serve.profile import forward_peak_bytes, sampler_peak_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = load_model("llama-3.1-8b")
@@ -92,6 +92,8 @@ def test_cuda_graphs_are_subtracted_from_0_20() -> None:
     )
     assert a.cuda_graph_bytes == 0 < b.cuda_graph_bytes
     assert a.available_bytes - b.available_bytes == b.cuda_graph_bytes
+    eager = Vllm(version="0.20.0", gpu_memory_utilization=0.9, enforce_eager=True)
+    assert vllm_budget(Serve(LLAMA, gpu="H100-80GB"), eager).available_bytes == a.available_bytes
     assert vllm_budget(Serve(LLAMA, gpu="H100-80GB"), Vllm(version="0.20.0")).utilization == 0.92
 
 
@@ -175,6 +177,8 @@ def test_cli_answers_and_refuses(capsys: pytest.CaptureFixture[str]) -> None:
         assert "Traceback" not in err
     assert main(["serve", "llama-3.1-8b", "--max-model-len", "100"]) == 2
     assert "max-model-len: is read by --engine vllm only" in capsys.readouterr().err
+    assert main([*argv[:-1], "200000"]) == 0
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in capsys.readouterr().err
     assert main(["serve", "llama-3.1-8b", "--engine", "vllm", "--gpu", "L40S-48GB"]) == 0
     assert "no measured usable total" in capsys.readouterr().err
 

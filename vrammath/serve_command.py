@@ -105,8 +105,14 @@ def _vllm_answer(args: argparse.Namespace, given: dict[str, Any], flags: dict[st
         "model": setup.model.name,
         "setup": field_values(setup),
         "vllm": budget.as_dict(),
-        "warnings": list(setup.model.context_warnings("max_model_len", budget.max_model_len)),
+        "warnings": list(setup.model.warnings),
     }
+    if budget.max_model_len > setup.model.max_positions:
+        data["warnings"].append(
+            f"max_model_len {budget.max_model_len} exceeds the model's max_position_embeddings "
+            f"({setup.model.max_positions}): vLLM refuses it unless "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
     del data["setup"]["context"], data["setup"]["batch"], data["setup"]["gpu_util"]
     if not budget.total_measured:
         data["warnings"].append(

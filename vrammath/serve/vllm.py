@@ -69,13 +69,7 @@ from vrammath.notation.errors import InputError
 from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
 from vrammath.serve.estimate import Serve
 from vrammath.serve.kv_cache import kv_bytes_per_token
-from vrammath.serve.profile import (
-    V0_SAMPLER_BYTES,
-    V1_SAMPLER_BYTES,
-    forward_peak_bytes,
-    rotary_cache_bytes,
-    sampler_peak_bytes,
-)
+from vrammath.serve.profile import forward_peak_bytes, rotary_cache_bytes, sampler_peak_bytes
 from vrammath.serve.weights import serving_weight_bytes
 
 GiB = 2**30
@@ -146,6 +140,13 @@ class Vllm:
         "of 70 GiB or more but A100, else 2048 or 8192)",
         low=1,
         high=MAX_TOKENS,
+    )
+    enforce_eager: bool = declared(
+        False,
+        "--enforce-eager",
+        "no CUDA graphs (vLLM 0.20 on then subtracts no graph memory; the profile's forward "
+        "peak is derived from the eager ops either way)",
+        kind="switch",
     )
     offline: bool = declared(
         False,
@@ -443,7 +444,7 @@ def vllm_budget(
     tokens, seqs = _profile_shape(flags, big_card(card, total), max_len)
     const = runtime_constants()
     graphs = 0
-    if not flags.engine_v0 and flags.release >= (0, 20, 0):
+    if not flags.engine_v0 and flags.release >= (0, 20, 0) and not flags.enforce_eager:
         graphs = round(const["cuda_graphs"] * GiB)
     block = setup.block
     window = None
@@ -474,17 +475,12 @@ def vllm_budget(
 
 
 __all__ = [
-    "V0_SAMPLER_BYTES",
     "V1_FROM",
-    "V1_SAMPLER_BYTES",
     "VLLM_DEFAULT",
     "VLLM_RANGE",
     "Vllm",
     "VllmBudget",
     "big_card",
-    "forward_peak_bytes",
-    "rotary_cache_bytes",
     "runtime_constants",
-    "sampler_peak_bytes",
     "vllm_budget",
 ]
