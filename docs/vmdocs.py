@@ -308,6 +308,7 @@ CALCULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "fit": {"model": "llama-7b", "gpu": "a100-80gb"},
     "serve": {"model": "llama-7b"},
     "vllm": {"model": "llama-3.1-8b", "gpu": "H100-80GB", "max_model_len": 32768},
+    "sglang": {"model": "llama-3.1-8b", "gpu": "H100-80GB"},
 }
 
 

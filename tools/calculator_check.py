@@ -194,9 +194,23 @@ def random_vllm(rng: random.Random) -> dict[str, Any]:
     return out
 
 
+def random_sglang(rng: random.Random) -> dict[str, Any]:
+    """A random setup of ``serve --engine sglang`` (valid or not)."""
+    out = random_vllm(rng)
+    del out["version"], out["max_model_len"]
+    out.pop("gpu_memory_utilization", None)
+    out.pop("max_num_seqs", None)
+    out["sglang_version"] = rng.choice(("0.4.6", "0.4.6", "0.5.2", "0.3.0"))
+    if rng.random() < 0.6:
+        out["mem_fraction_static"] = rng.choice((0.8, 0.88, round(rng.uniform(0.05, 1), 3)))
+    if rng.random() < 0.3:
+        out["page_size"] = rng.choice((1, 16, 64, rng.randint(1, 512)))
+    return out
+
+
 def random_argvs(rng: random.Random, n: int) -> list[list[str]]:
     """``n`` command lines: half training, a quarter fit (a GPU given), an eighth serving, an
-    eighth under vLLM's rule."""
+    eighth under vLLM's or SGLang's rule."""
     out = []
     for i in range(n):
         if i % 4 in (0, 1):
@@ -211,8 +225,10 @@ def random_argvs(rng: random.Random, n: int) -> list[list[str]]:
             out.append([*argv_for("fit", kw), "--json"])
         elif i % 8 == 3:
             out.append([*argv_for("serve", random_serve(rng)), "--json"])
-        else:
+        elif i % 16 == 7:
             out.append([*argv_for("vllm", random_vllm(rng)), "--json"])
+        else:
+            out.append([*argv_for("sglang", random_sglang(rng)), "--json"])
     return out
 
 

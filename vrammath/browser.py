@@ -35,13 +35,14 @@ from vrammath.model.presets import load_gpus, model_names
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import Option, options
 from vrammath.serve.estimate import Serve
+from vrammath.serve.sglang import Sglang
 from vrammath.serve.vllm import Vllm
 
-COMMANDS = ("estimate", "fit", "serve", "vllm")
+COMMANDS = ("estimate", "fit", "serve", "vllm", "sglang")
 #: the command line's head for each calculator tab that runs a command under an engine's rule
-ENGINE_TABS = {"vllm": ("serve", "--engine", "vllm")}
-#: the fields ``serve --engine vllm`` does not read (typed, they are refused; vLLM's flags say it)
-VLLM_UNREAD = ("context", "batch", "gpu_util")
+ENGINE_TABS = {"vllm": ("serve", "--engine", "vllm"), "sglang": ("serve", "--engine", "sglang")}
+#: the fields an engine's rule does not read (typed, they are refused; the engine's flags say it)
+ENGINE_UNREAD = ("context", "batch", "gpu_util")
 #: what ``fit`` reads beside a training setup (its flags and defaults are the parser's)
 FIT_EXTRAS = ("headroom", "reserve_gib")
 
@@ -66,10 +67,11 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _options(command: str) -> tuple[tuple[Option, ...], dict[str, Any]]:
-    if command == "vllm":
-        opts = [o for o in options(Serve) if o.flag is not None and o.name not in VLLM_UNREAD]
-        opts += [o for o in options(Vllm) if o.flag is not None]
-        fields = [*dataclasses.fields(Serve), *dataclasses.fields(Vllm)]
+    if command in ENGINE_TABS:
+        engine = Vllm if command == "vllm" else Sglang
+        opts = [o for o in options(Serve) if o.flag is not None and o.name not in ENGINE_UNREAD]
+        opts += [o for o in options(engine) if o.flag is not None]
+        fields = [*dataclasses.fields(Serve), *dataclasses.fields(engine)]
         defaults = {f.name: f.default for f in fields if f.name != "model"}
         return tuple(opts), defaults
     cls = Serve if command == "serve" else Setup
@@ -119,7 +121,7 @@ def argv_for(command: str, setup: Mapping[str, Any]) -> list[str]:
                 raise InputError(key, "must be true or false", value)
             argv += [opt.flag] if value else []
         elif value is None:
-            if command in ("serve", "vllm") and key == "block":
+            if command in ("serve", *ENGINE_TABS) and key == "block":
                 argv.append("--no-paging")
             elif not opt.optional:
                 raise InputError(key, "must not be null", value)

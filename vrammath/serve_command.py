@@ -12,23 +12,25 @@ import argparse
 import dataclasses
 from typing import Any
 
-from vrammath.answers.report import serve_dict, serve_table, vllm_table
+from vrammath.answers.report import serve_dict, serve_table, sglang_table, vllm_table
 from vrammath.answers.vllm_fit import fewest_tp, smallest_gpu
 from vrammath.flags import Parser, add_options, choice, number
 from vrammath.model.presets import resolve_model
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import field_values, options
 from vrammath.serve.estimate import Serve, ServeEstimate, serve, serve_warnings
+from vrammath.serve.sglang import Sglang, sglang_budget
 from vrammath.serve.vllm import Vllm, vllm_budget
 
 Result = tuple[str, dict[str, Any]]
 
 #: the serving engines whose rule ``--engine`` selects
-SERVE_ENGINES = ("hf", "vllm")
+SERVE_ENGINES = ("hf", "vllm", "sglang")
 
 _NOT_GIVEN: Any = object()  # a flag's default that tells "not typed" from any typed value
 _SERVE_BLOCK = next(f.default for f in dataclasses.fields(Serve) if f.name == "block")
 _SERVE_UTIL = next(f.default for f in dataclasses.fields(Serve) if f.name == "gpu_util")
+_SGLANG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Sglang)}
 
 
 def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -> None:
@@ -42,10 +44,12 @@ def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -
         type=choice("engine", SERVE_ENGINES),
         default="hf",
         help="hf: weights + KV cache against --gpu-util of the GPU; vllm: vLLM's own startup "
-        "budget, the KV tokens and concurrency it prints (needs --gpu) (default hf)",
+        "budget, the KV tokens and concurrency it prints; sglang: SGLang's static fraction and "
+        "the tokens it prints (both need --gpu) (default hf)",
     )
     add_options(srv, Serve)
     add_options(srv, Vllm)
+    add_options(srv, Sglang)
     srv.add_argument(
         "--concurrency",
         type=number("concurrency", 0, 2**24, open_low=True, open_high=False),
@@ -69,10 +73,16 @@ def cmd_serve(args: argparse.Namespace) -> Result:
     """The answer of ``vrammath serve``: text and its JSON."""
     given = {o.name: getattr(args, o.name) for o in options(Serve) if o.flag is not None}
     engine_flags = {o.name: getattr(args, o.name) for o in options(Vllm) if o.flag is not None}
+    sglang_flags = {o.name: getattr(args, o.name) for o in options(Sglang) if o.flag is not None}
     if args.no_paging and given["block"] is not _NOT_GIVEN:
         raise InputError("block", "is not read with --no-paging (an unpaged cache)", given["block"])
     if given["block"] is _NOT_GIVEN:
         given["block"] = None if args.no_paging else _SERVE_BLOCK
+    typed = [o.flag for o in options(Sglang) if sglang_flags[o.name] != _SGLANG_DEFAULTS[o.name]]
+    if args.engine == "sglang":
+        return _sglang_answer(args, given, sglang_flags, engine_flags)
+    if typed:
+        raise InputError(str(typed[0]).removeprefix("--"), "is read by --engine sglang only")
     if args.engine == "vllm":
         return _vllm_answer(args, given, engine_flags)
     typed = [o.flag for o in options(Vllm) if engine_flags[o.name] != getattr(Vllm(), o.name)]
@@ -91,15 +101,49 @@ def cmd_serve(args: argparse.Namespace) -> Result:
     return head + "\n" + serve_table(est), _serve_data(est)
 
 
-def _vllm_answer(args: argparse.Namespace, given: dict[str, Any], flags: dict[str, Any]) -> Result:
+def _engine_setup(args: argparse.Namespace, given: dict[str, Any]) -> Serve:
+    """The serving setup of an engine's rule: the flags the engine reads in its own words."""
+    own = {"vllm": ("--gpu-memory-utilization", "--max-model-len"),
+           "sglang": ("--mem-fraction-static", "--context-length")}[args.engine]  # fmt: skip
     if given["gpu_util"] is not _NOT_GIVEN:
-        raise InputError("gpu-util", "is not read by --engine vllm: use --gpu-memory-utilization")
+        raise InputError("gpu-util", f"is not read by --engine {args.engine}: use {own[0]}")
     for name in ("context", "batch"):
         default = next(f.default for f in dataclasses.fields(Serve) if f.name == name)
         if given[name] != default:
-            raise InputError(name, "is not read by --engine vllm: use --max-model-len")
+            raise InputError(name, f"is not read by --engine {args.engine}: use {own[1]}")
     given["gpu_util"] = _SERVE_UTIL
-    setup = Serve(resolve_model(args.model), **given)
+    return Serve(resolve_model(args.model), **given)
+
+
+def _sglang_answer(
+    args: argparse.Namespace, given: dict[str, Any], flags: dict[str, Any], vflags: dict[str, Any]
+) -> Result:
+    typed = [o.flag for o in options(Vllm) if vflags[o.name] != getattr(Vllm(), o.name)]
+    if typed or args.concurrency is not None:
+        flag = typed[0] if typed else "--concurrency"
+        raise InputError(str(flag).removeprefix("--"), "is read by --engine vllm only")
+    setup = _engine_setup(args, given)
+    budget = sglang_budget(setup, Sglang(**flags))
+    data: dict[str, Any] = {
+        "model": setup.model.name,
+        "setup": field_values(setup),
+        "sglang": budget.as_dict(),
+        "warnings": list(setup.model.warnings),
+    }
+    del data["setup"]["context"], data["setup"]["batch"], data["setup"]["gpu_util"]
+    if not budget.total_measured:
+        data["warnings"].append(_UNMEASURED.format(gpu=setup.gpu))
+    return sglang_table(setup, budget), data
+
+
+_UNMEASURED = (
+    "{gpu}: no measured usable total (torch.cuda.mem_get_info) in the GPU preset; "
+    "nvidia-smi's figure is used, larger than what the engine sees"
+)
+
+
+def _vllm_answer(args: argparse.Namespace, given: dict[str, Any], flags: dict[str, Any]) -> Result:
+    setup = _engine_setup(args, given)
     budget = vllm_budget(setup, Vllm(**flags))
     data: dict[str, Any] = {
         "model": setup.model.name,
@@ -115,10 +159,7 @@ def _vllm_answer(args: argparse.Namespace, given: dict[str, Any], flags: dict[st
         )
     del data["setup"]["context"], data["setup"]["batch"], data["setup"]["gpu_util"]
     if not budget.total_measured:
-        data["warnings"].append(
-            f"{setup.gpu}: no measured usable total (torch.cuda.mem_get_info) in the GPU preset; "
-            "nvidia-smi's figure is used, larger than what vLLM sees"
-        )
+        data["warnings"].append(_UNMEASURED.format(gpu=setup.gpu))
     text = vllm_table(setup, budget)
     if args.concurrency is not None:
         want = args.concurrency

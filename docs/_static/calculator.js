@@ -25,12 +25,14 @@
       "recompute", "lora_rank", "quant", "headroom"],
     serve: null,
     vllm: null,
+    sglang: null,
   };
   const TABS = [
     { name: "estimate", prefix: "vm-", title: "Training: vrammath estimate" },
     { name: "fit", prefix: "vm-fit-", title: "Fit: vrammath fit" },
     { name: "serve", prefix: "vm-sv-", title: "Serving: vrammath serve" },
     { name: "vllm", prefix: "vm-vl-", title: "vLLM's budget: vrammath serve --engine vllm" },
+    { name: "sglang", prefix: "vm-sg-", title: "SGLang's budget: vrammath serve --engine sglang" },
   ];
 
   // --- the forms: one control per field the CLI declares --------------------------------------
@@ -274,7 +276,24 @@
       tab.table.append(row([[text], [fmt(bytes, "GB"), "vm-num"], [fmt(bytes, "GiB"), "vm-num"], [what]], { "data-key": key }));
     }
   }
-  const RENDER = { estimate: renderEstimate, fit: renderFit, serve: renderServe, vllm: renderVllm };
+  function renderSglang(tab, d) {
+    const g = d.sglang;
+    const ok = Number(g.max_total_num_tokens) > 0;
+    tab.status.className = "vm-status " + (ok ? "vm-ok" : "vm-bad");
+    tab.status.textContent = `SGLang ${g.version}: ${Number(g.max_total_num_tokens).toLocaleString("en")} tokens of ` +
+      `KV cache per GPU (mem_fraction_static ${g.mem_fraction_static}); ${ok ? "starts" : "does NOT start"}`;
+    tab.verdict.append(el("div", { id: "vm-sg-lines", class: "vm-verdict" },
+      ...g.lines.map((l) => el("div", { text: l }))));
+    tab.table.append(header(["per GPU", "GB (1e9 B)", "GiB (2^30 B)", "what SGLang measures"]));
+    const rows = [["free", "free before the weights load", g.free_before_load_bytes,
+      g.total_measured ? "the total torch reports, less the CUDA context" : "nvidia-smi's total (no measured usable size)"],
+    ["weights", "- weights and the rotary cache", g.weights_bytes, "the weights' load"],
+    ["kv", `= the KV cache's share (x ${g.mem_fraction_static} first)`, g.kv_bytes, "rest_memory"]];
+    for (const [key, text, bytes, what] of rows) {
+      tab.table.append(row([[text], [fmt(bytes, "GB"), "vm-num"], [fmt(bytes, "GiB"), "vm-num"], [what]], { "data-key": key }));
+    }
+  }
+  const RENDER = { estimate: renderEstimate, fit: renderFit, serve: renderServe, vllm: renderVllm, sglang: renderSglang };
 
   /** Show one CLI run: {rc, stdout, stderr} of `argv --json`. */
   function show(tab, argv, got, tex) {
@@ -312,7 +331,7 @@
       buttons[k].classList.toggle("vm-active", k === name);
     }
   }
-  const HASH_TAB = { serve: "serve", fit: "fit", vllm: "vllm" };
+  const HASH_TAB = { serve: "serve", fit: "fit", vllm: "vllm", sglang: "sglang" };
   function writeHash() {
     const tab = tabs[current];
     const parts = HASH_TAB[current] ? ["tab=" + current] : [];

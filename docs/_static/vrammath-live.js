@@ -2,7 +2,7 @@
  *
  * The worker starts on first use (the calculator starts it at once; a "run in the browser"
  * button on a code cell starts it on click). Every answer is the CLI's own:
- *   vrammath.estimate(setup) / fit(setup) / serve(setup) / vllm(setup) -> Promise of the JSON that
+ *   vrammath.estimate(setup) / fit / serve / vllm / sglang (setup) -> Promise of the JSON that
  *     `vrammath <command> ... --json` prints, or {error, rc} with the CLI's error line;
  *     setup = the `setup` object of that JSON (any subset) plus `model`.
  *   vrammath.run(argv) -> Promise of {rc, stdout, stderr} of `vrammath argv...`.
@@ -80,6 +80,7 @@
     fit: (setup) => command("fit", setup),
     serve: (setup) => command("serve", setup),
     vllm: (setup) => command("vllm", setup),  // serve --engine vllm
+    sglang: (setup) => command("sglang", setup),  // serve --engine sglang
   };
   window.vrammath = vm;
   // a page that needs Python at once says so in its head (the calculator): start while it loads

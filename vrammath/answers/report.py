@@ -25,6 +25,7 @@ from vrammath.model.params import param_count
 from vrammath.notation.fields import field_values
 from vrammath.notation.units import fmt_gb, fmt_gib
 from vrammath.serve.estimate import Serve, ServeEstimate
+from vrammath.serve.sglang import SglangBudget
 from vrammath.serve.vllm import VllmBudget
 from vrammath.terms.deepspeed3 import stage3_partition
 from vrammath.terms.moe.params import param_summary
@@ -386,6 +387,36 @@ def vllm_table(setup: Serve, b: VllmBudget) -> str:
     return "\n".join(lines)
 
 
+def sglang_table(setup: Serve, b: SglangBudget) -> str:
+    """SGLang's startup budget, GB (1e9) and GiB (2**30) side by side, then the lines SGLang
+    would print."""
+    measured = "as torch reports it" if b.total_measured else "nvidia-smi's figure: unmeasured"
+    lines = [
+        f"{setup.model.name} on {setup.gpu} ({fmt_gib(b.total_bytes)}, {measured}), SGLang "
+        f"{b.version}, tensor parallel {setup.tp}, context_len {b.context_len:,}, KV cache "
+        f"{setup.kv_dtype}",
+        f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}",
+    ]
+    rows = [
+        ("free before the weights load (after context and init)", b.free_before_bytes),
+        (
+            f"x mem_fraction_static {b.mem_fraction_static:g}",
+            b.mem_fraction_static * b.free_before_bytes,
+        ),
+        (f"- weights ({setup.weights}) and the rotary cache", b.weights_bytes),
+        ("= the KV cache's share", max(b.rest_bytes, 0)),
+    ]
+    for label, value in rows:
+        lines.append(f"{label:61} {fmt_gb(value):>11} {fmt_gib(value):>13}")
+    lines.append(
+        f"KV cache: {b.cell_bytes:,} bytes per token on each GPU; {b.tokens:,} tokens in pages of "
+        f"{b.page_size}; the rest of the GPU is SGLang's headroom (CUDA graphs, activations)"
+    )
+    lines.append("SGLang would print:")
+    lines.extend(f"  {line}" for line in b.lines())
+    return "\n".join(lines)
+
+
 __all__ = [
     "engine_line",
     "engine_name",
@@ -393,5 +424,6 @@ __all__ = [
     "estimate_table",
     "serve_dict",
     "serve_table",
+    "sglang_table",
     "vllm_table",
 ]

@@ -1,9 +1,10 @@
 """vrammath's answer beside a serving engine's published startup log.
 
-A row of ``validation/serving-logs.json`` names a published vLLM (or SGLang) startup log: its source, the
-model (a preset, with the fields its published config differs in), the release, the GPU, the
-flags and what the engine printed. :func:`compare_log` evaluates :func:`vllm_budget` for it and
-returns both, with the error; a row vrammath cannot express keeps the reason (vrammath's own
+A row of ``validation/serving-logs.json`` names a published vLLM or SGLang startup log: its
+source, the model (a preset, with the fields its published config differs in), the release, the
+GPU, the flags and what the engine printed. :func:`compare_log` evaluates the engine's budget
+(:func:`~vrammath.serve.vllm.vllm_budget`, :func:`~vrammath.serve.sglang.sglang_budget`) for it
+and returns both, with the error; a row vrammath cannot express keeps the reason (vrammath's own
 refusal, or why no preset fits). Pure: the caller reads the file.
 
 >>> row = {"id": "x", "engine": "vllm", "source": "s", "model": "m", "preset": "llama-3.1-8b",
@@ -24,13 +25,10 @@ from vrammath.model.presets import load_model
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.serve.estimate import Serve
+from vrammath.serve.kv_cache import kv_bytes_per_token
+from vrammath.serve.sglang import Sglang, SglangBudget, sglang_budget
 from vrammath.serve.vllm import GiB, Vllm, VllmBudget, vllm_budget
 
-#: why an SGLang row has no answer yet
-SGLANG_REASON = (
-    "SGLang's budget (mem_fraction_static of the memory free before the weights load, less "
-    "the weights) is not modelled yet"
-)
 #: config fields a row may set where the published config differs from the preset's
 OVERRIDES = ("max_position_embeddings",)
 
@@ -40,7 +38,7 @@ class LogComparison:
     """One published startup log and vrammath's answer for it."""
 
     row: dict[str, Any]
-    budget: VllmBudget | None
+    budget: VllmBudget | SglangBudget | None
     reason: str | None
 
     @property
@@ -81,6 +79,41 @@ class LogComparison:
         return self.budget.weights_bytes / GiB / float(printed) - 1
 
 
+def sglang_rule_tokens(row: dict[str, Any]) -> int | None:
+    """SGLang's rule applied to the log's own printed figures (the memory free before and after
+    the weights load, ``mem_fraction_static``) and vrammath's bytes per token: the tokens SGLang
+    should print, whatever the GPU; None where the log lacks a figure or the model a preset."""
+    printed, flags = row.get("printed", {}), row.get("flags", {})
+    need = (printed.get("avail_before_gib"), printed.get("avail_after_gib"))
+    mfs = flags.get("mem_fraction_static")
+    if row.get("preset") is None or None in need or mfs is None:
+        return None
+    before, after = (float(x) for x in need)
+    cell = kv_bytes_per_token(log_model(row), row.get("kv_dtype", "bf16"), tp=int(row.get("tp", 1)))
+    return int((after - before * (1 - float(mfs))) * GiB // cell)
+
+
+def _sglang(row: dict[str, Any]) -> LogComparison:
+    try:
+        setup = Serve(log_model(row), weights=row.get("weights", "bf16"),
+                      kv_dtype=row.get("kv_dtype", "bf16"), tp=int(row.get("tp", 1)),
+                      gpu=row.get("gpu_preset") or "A100-80GB")  # fmt: skip
+        total = row.get("total_gib")
+        flags = {k: v for k, v in row.get("flags", {}).items() if k in SGLANG_FLAGS}
+        budget = sglang_budget(
+            setup,
+            Sglang(sglang_version=row.get("version") or "0.4", **flags),
+            total_bytes=None if total is None else round(float(total) * GiB),
+        )
+    except InputError as err:
+        return LogComparison(row, None, str(err))
+    return LogComparison(row, budget, None)
+
+
+#: the SGLang flags a row may set
+SGLANG_FLAGS = ("mem_fraction_static", "context_length", "page_size")
+
+
 def log_model(row: dict[str, Any]) -> ModelSpec:
     """The row's model: its preset with the fields of :data:`OVERRIDES` the row sets."""
     spec = load_model(row["preset"])
@@ -98,18 +131,22 @@ def log_model(row: dict[str, Any]) -> ModelSpec:
 
 def compare_log(row: dict[str, Any]) -> LogComparison:
     """vrammath's budget for one published log row, or the reason it cannot be expressed."""
-    if row.get("engine") == "sglang":
-        return LogComparison(row, None, SGLANG_REASON)
-    if row.get("engine") != "vllm":
-        raise InputError("engine", "must be vllm or sglang", row.get("engine"))
-    if row.get("preset") is None or row.get("version") is None:
-        return LogComparison(row, None, row.get("why") or "no preset or no release")
+    engine = row.get("engine")
+    if engine not in ("vllm", "sglang"):
+        raise InputError("engine", "must be vllm or sglang", engine)
+    if row.get("preset") is None:
+        return LogComparison(row, None, row.get("why") or "the model's config is not a preset")
     if row.get("gpu_preset") is None and row.get("total_gib") is None:
-        return LogComparison(row, None, row.get("why") or "no GPU total")
+        return LogComparison(row, None, row.get("why") or "the GPU (its total) is not stated")
+    if engine == "sglang":
+        return _sglang(row)
+    if row.get("version") is None:
+        return LogComparison(row, None, row.get("why") or "the vLLM release is not stated")
     try:
         setup = Serve(
             log_model(row),
             weights=row.get("weights", "bf16"),
+            kv_dtype=row.get("kv_dtype", "bf16"),
             tp=int(row.get("tp", 1)),
             gpu=row.get("gpu_preset") or "A100-80GB",
         )
@@ -124,4 +161,11 @@ def compare_log(row: dict[str, Any]) -> LogComparison:
     return LogComparison(row, budget, None)
 
 
-__all__ = ["OVERRIDES", "SGLANG_REASON", "LogComparison", "compare_log", "log_model"]
+__all__ = [
+    "OVERRIDES",
+    "SGLANG_FLAGS",
+    "LogComparison",
+    "compare_log",
+    "log_model",
+    "sglang_rule_tokens",
+]

@@ -193,9 +193,12 @@ class Vllm:
 
 @cache
 def runtime_constants() -> dict[str, float]:
-    """The measured constants of ``conf/serving.toml`` (GiB), by name."""
+    """The measured constants of ``conf/serving.toml`` (GiB), by name: vLLM's as named there,
+    SGLang's prefixed ``sglang_``."""
     data = tomllib.loads((conf_dir() / "serving.toml").read_text(encoding="utf-8"))
-    return {k: float(v["gib"]) for k, v in data["vllm"].items()}
+    out = {k: float(v["gib"]) for k, v in data["vllm"].items()}
+    out.update({f"sglang_{k}": float(v["gib"]) for k, v in data["sglang"].items()})
+    return out
 
 
 @dataclass(frozen=True)
