@@ -227,3 +227,12 @@ def test_fewest_tp_and_smallest_gpu_hold_the_concurrency(
     ]
     assert main([*argv, "--concurrency", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["concurrency"]["fewest_tp"] == tp
+
+
+def test_weights_larger_than_the_card_fail_at_load() -> None:
+    b = vllm_budget(Serve(load_model("llama-3.1-70b"), gpu="H100-80GB"))
+    assert not b.starts
+    assert b.lines() == [
+        f"torch.OutOfMemoryError while loading the weights ({b.weights_bytes / GiB:.2f} GiB, "
+        f"{b.total_bytes / GiB:.2f} GiB GPU)"
+    ]

@@ -293,6 +293,11 @@ class VllmBudget:
 
     def lines(self) -> list[str]:
         """The engine's own startup lines, as it would print them."""
+        if self.weights_bytes >= self.total_bytes:
+            w, t = self.weights_bytes / GiB, self.total_bytes / GiB
+            return [
+                f"torch.OutOfMemoryError while loading the weights ({w:.2f} GiB, {t:.2f} GiB GPU)"
+            ]
         if self.available_bytes <= 0 or self.num_blocks == 0:
             return [
                 "No available memory for the cache blocks. Try increasing "
