@@ -179,7 +179,7 @@ def test_cli_answers_and_refuses(capsys: pytest.CaptureFixture[str]) -> None:
     assert "max-model-len: is read by --engine vllm only" in capsys.readouterr().err
     assert main([*argv[:-1], "200000"]) == 0
     assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in capsys.readouterr().err
-    assert main(["serve", "llama-3.1-8b", "--engine", "vllm", "--gpu", "L40S-48GB"]) == 0
+    assert main(["serve", "llama-3.1-8b", "--engine", "vllm", "--gpu", "V100-32GB"]) == 0
     assert "no measured usable total" in capsys.readouterr().err
 
 

@@ -44,6 +44,7 @@ from vrammath.compose.torchtitan_config import torchtitan_fields
 from vrammath.flags import Parser, add_options, choice, integer, number, printable, targets, zero
 from vrammath.model.params import param_count
 from vrammath.model.presets import (
+    GPU,
     _read_limited,
     load_gpus,
     load_model,
@@ -407,10 +408,19 @@ def _cmd_models() -> Result:
 
 def _cmd_gpus() -> Result:
     gpus = load_gpus().values()
+
+    def usable(g: GPU) -> str:
+        return f"torch sees {fmt_gib(g.usable_bytes)}" if g.usable_bytes else "usable: unmeasured"
+
     text = "\n".join(
-        f"{g.name:16} {fmt_gb(g.bytes):>10} / {fmt_gib(g.bytes):>11}  {g.label}" for g in gpus
+        f"{g.name:16} {fmt_gb(g.bytes):>10} / {fmt_gib(g.bytes):>11}  {usable(g):22}  {g.label}"
+        for g in gpus
     )
-    rows = [{"name": g.name, "bytes": g.bytes, "label": g.label, "source": g.source} for g in gpus]
+    rows = [
+        {"name": g.name, "bytes": g.bytes, "usable_bytes": g.usable_bytes or None, "label": g.label,
+         "source": g.source, "usable_source": g.usable_source or None}
+        for g in gpus
+    ]  # fmt: skip
     return text, {"gpus": rows}
 
 
