@@ -120,7 +120,7 @@ class Sglang:
 
     @property
     def minor(self) -> int:
-        """4 or 5: the 0.x release line."""
+        """The 0.x release line, 4 or 5."""
         return 5 if str(self.sglang_version).strip().lstrip("v").startswith("0.5") else 4
 
 
@@ -140,7 +140,7 @@ class SglangBudget:
 
     @property
     def rest_bytes(self) -> float:
-        """``mem_fraction_static x free_before - weights``: the KV cache's share."""
+        """The KV cache's share, ``mem_fraction_static x free_before - weights``."""
         return self.mem_fraction_static * self.free_before_bytes - self.weights_bytes
 
     @property
