@@ -1,9 +1,12 @@
 """The ``vrammath serve`` command: its options and its answer, with or without an engine's rule.
 
-``--engine hf`` (the default) answers weights + KV cache against a flat share of the GPU
+``--engine flat`` (the default) answers weights + KV cache against a flat share of the GPU
 (:func:`vrammath.serve.estimate.serve`); ``--engine vllm`` follows vLLM's own startup budget
-(:func:`vrammath.serve.vllm.vllm_budget`) and prints the lines vLLM would print. Each option is
-declared once, on :class:`~vrammath.serve.estimate.Serve` or :class:`~vrammath.serve.vllm.Vllm`.
+(:func:`vrammath.serve.vllm.vllm_budget`) and prints the lines vLLM would print; ``--engine
+sglang`` follows SGLang's (:func:`vrammath.serve.sglang.sglang_budget`). Hugging Face's
+``generate`` path has no rule of its own here yet. Each option is declared once, on
+:class:`~vrammath.serve.estimate.Serve`, :class:`~vrammath.serve.vllm.Vllm` or
+:class:`~vrammath.serve.sglang.Sglang`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from vrammath.serve.vllm import Vllm, vllm_budget
 Result = tuple[str, dict[str, Any]]
 
 #: the serving engines whose rule ``--engine`` selects
-SERVE_ENGINES = ("hf", "vllm", "sglang")
+SERVE_ENGINES = ("flat", "vllm", "sglang")
 
 _NOT_GIVEN: Any = object()  # a flag's default that tells "not typed" from any typed value
 _SERVE_BLOCK = next(f.default for f in dataclasses.fields(Serve) if f.name == "block")
@@ -42,10 +45,10 @@ def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -
     srv.add_argument(
         "--engine",
         type=choice("engine", SERVE_ENGINES),
-        default="hf",
-        help="hf: weights + KV cache against --gpu-util of the GPU; vllm: vLLM's own startup "
+        default="flat",
+        help="flat: weights + KV cache against --gpu-util of the GPU; vllm: vLLM's own startup "
         "budget, the KV tokens and concurrency it prints; sglang: SGLang's static fraction and "
-        "the tokens it prints (both need --gpu) (default hf)",
+        "the tokens it prints (both need --gpu) (default flat)",
     )
     add_options(srv, Serve)
     add_options(srv, Vllm)
