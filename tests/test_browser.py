@@ -164,3 +164,13 @@ def test_the_worker_entry_answers_what_the_functions_answer() -> None:
     assert json.loads(rpc("run", json.dumps([argv]))) == run(argv)
     with pytest.raises(InputError, match="op: must be one of call, tex, run"):
         rpc("eval", json.dumps(["1 + 1"]))
+
+
+def test_engine_tabs_run_serve_under_their_engine() -> None:
+    """The vLLM and SGLang tabs are ``serve --engine X``: the page's heads and argv_for agree."""
+    data = page_data()
+    for tab in ("vllm", "sglang"):
+        head = data["heads"][tab]
+        argv = argv_for(tab, {"model": "llama-3.1-8b", "gpu": "H100-80GB"})
+        assert argv[:1] + argv[2 : len(head) + 1] == head
+        assert call(tab, {"model": "llama-3.1-8b", "gpu": "H100-80GB"})["rc"] == 0

@@ -424,14 +424,50 @@ def check_form(driver: Any, base: str) -> tuple[list[str], list[str]]:
     options = [_timed_change(driver, {"recompute": r}) for r in ("full", "none", "full", "none")]
     numbers.sort()
     options.sort()
+    engines = _check_engine_tabs(driver, base, problems)
     lines = [
         f"calculator: {len(cases)} typed setups render the CLI's table and reproduce from their link; "
-        f"{checked} of {len(bad)} bad numbers show the CLI's message beside the field",
+        f"{checked} of {len(bad)} bad numbers show the CLI's message beside the field; "
+        f"{engines} typed setups of the vLLM and SGLang tabs print the lines their CLI answer prints",
         f"calculator: a number change renders in {numbers[len(numbers) // 2]:.0f} ms (median), an "
         f"option change in {options[len(options) // 2]:.0f} ms (targets {NUMBER_BUDGET_MS:.0f} and "
         f"{OPTION_BUDGET_MS:.0f} ms)",
     ]
     return lines, problems
+
+
+#: typed setups of the engine tabs: (tab, its element prefix, the setup)
+ENGINE_CASES = (
+    ("vllm", "vm-vl-", {"model": "llama-3.1-8b", "gpu": "H100-80GB", "max_model_len": 32768,
+                        "gpu_memory_utilization": 0.8}),
+    ("vllm", "vm-vl-", {"model": "qwen2.5-7b", "gpu": "A100-80GB", "version": "0.6.5"}),
+    ("sglang", "vm-sg-", {"model": "qwen3-8b", "gpu": "A100-80GB", "mem_fraction_static": 0.85}),
+)  # fmt: skip
+
+
+def _check_engine_tabs(driver: Any, base: str, problems: list[str]) -> int:
+    """Each engine tab, typed into, shows the startup lines the CLI's JSON answer holds."""
+    done = 0
+    for tab, prefix, case in ENGINE_CASES:
+        driver.get(f"{base}/{PAGE}#tab={tab}")
+        _wait_live(driver)
+        before = _renders(driver)
+        _fill(driver, prefix, case, reset=True)
+        driver.execute_async_script(JS_WAIT_RENDER, before + 1)
+        got = run([*argv_for(tab, case), "--json"])
+        if got["rc"]:
+            problems.append(f"engine tab {tab} {case}: refused by the CLI: {got['stderr'].strip()}")
+            continue
+        want = json.loads(got["stdout"])[tab]["lines"]
+        shown = driver.execute_script(
+            f"return Array.from(document.querySelectorAll('#{prefix}lines div'))"
+            ".map(d => d.textContent)"
+        )
+        if shown != want:
+            problems.append(f"engine tab {tab} {case}: the page shows {shown}, the CLI {want}")
+        else:
+            done += 1
+    return done
 
 
 def _same(name: str, want: str, got: str) -> bool:

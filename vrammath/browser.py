@@ -213,7 +213,8 @@ def _field(opt: Option, default: Any) -> dict[str, Any]:
 
 def page_data() -> dict[str, Any]:
     """What the calculator's form is built from, as JSON: per command its fields (flag, help,
-    kind, choices, bounds, default), the model presets and the GPU presets."""
+    kind, choices, bounds, default), the model presets, the GPU presets, and the command line's
+    head of each engine tab (:data:`ENGINE_TABS`: the model goes after its first word)."""
     forms = {}
     for command in COMMANDS:
         opts, defaults = _options(command)
@@ -238,7 +239,8 @@ def page_data() -> dict[str, Any]:
         {"name": g.name, "key": key, "bytes": g.bytes, "label": g.label}
         for key, g in load_gpus().items()
     ]
-    return {"forms": forms, "models": list(model_names()), "gpus": gpus}
+    heads = {tab: list(head) for tab, head in ENGINE_TABS.items()}
+    return {"forms": forms, "models": list(model_names()), "gpus": gpus, "heads": heads}
 
 
 __all__ = [

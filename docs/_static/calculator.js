@@ -128,7 +128,8 @@
 
   /** The form as a command line: the model, then every field that is not the CLI's default. */
   function argvOf(tab) {
-    const argv = [tab.name, tab.inputs.model.value];
+    const head = (D.heads || {})[tab.name] || [tab.name];  // an engine tab: serve ... --engine X
+    const argv = [head[0], tab.inputs.model.value, ...head.slice(1)];
     for (const f of tab.fields) {
       const input = tab.inputs[f.name];
       if (f.kind === "switch") {
