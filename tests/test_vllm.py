@@ -16,6 +16,13 @@ from vrammath.notation.errors import InputError
 from vrammath.serve.profile import forward_peak_bytes, sampler_peak_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _h100_argv(model: str) -> list[str]:
+    """``serve MODEL --engine vllm`` on an H100 at 32k tokens per request."""
+    return ["serve", model, "--engine", "vllm", "--gpu", "H100-80GB", "--max-model-len", "32768"]
+
+
 LLAMA = load_model("llama-3.1-8b")
 
 
@@ -147,16 +154,7 @@ def test_what_is_not_modelled_is_refused_by_name(
 
 
 def test_cli_answers_and_refuses(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "serve",
-        "llama-3.1-8b",
-        "--engine",
-        "vllm",
-        "--gpu",
-        "H100-80GB",
-        "--max-model-len",
-        "32768",
-    ]
+    argv = _h100_argv("llama-3.1-8b")
     assert main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     b = vllm_budget(Serve(LLAMA, gpu="H100-80GB"), Vllm(max_model_len=32768))
@@ -215,16 +213,7 @@ def test_fewest_tp_and_smallest_gpu_hold_the_concurrency(
     )
     assert fewest_tp(setup, flags, 10**6) is None
     assert smallest_gpu(setup, flags, 8) is None  # 70B in bf16 fits no single preset
-    argv = [
-        "serve",
-        "llama-3.1-70b",
-        "--engine",
-        "vllm",
-        "--gpu",
-        "H100-80GB",
-        "--max-model-len",
-        "32768",
-    ]
+    argv = _h100_argv("llama-3.1-70b")
     assert main([*argv, "--concurrency", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["concurrency"]["fewest_tp"] == tp
 

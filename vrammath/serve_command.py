@@ -22,8 +22,8 @@ from vrammath.model.presets import resolve_model
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import field_values, options
 from vrammath.serve.estimate import Serve, ServeEstimate, serve, serve_warnings
-from vrammath.serve.sglang import Sglang, sglang_budget
-from vrammath.serve.vllm import Vllm, vllm_budget
+from vrammath.serve.sglang import Sglang, SglangBudget, sglang_budget
+from vrammath.serve.vllm import Vllm, VllmBudget, vllm_budget
 
 Result = tuple[str, dict[str, Any]]
 
@@ -33,7 +33,6 @@ SERVE_ENGINES = ("flat", "vllm", "sglang")
 _NOT_GIVEN: Any = object()  # a flag's default that tells "not typed" from any typed value
 _SERVE_BLOCK = next(f.default for f in dataclasses.fields(Serve) if f.name == "block")
 _SERVE_UTIL = next(f.default for f in dataclasses.fields(Serve) if f.name == "gpu_util")
-_SGLANG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Sglang)}
 
 
 def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -> None:
@@ -72,27 +71,39 @@ def _serve_data(est: ServeEstimate) -> dict[str, Any]:
     return data
 
 
+def _typed(cls: Any, args: argparse.Namespace) -> list[str]:
+    """The flags of ``cls``'s declared fields typed at other than their default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    return [o.flag for o in options(cls) if o.flag and getattr(args, o.name) != defaults[o.name]]
+
+
+def _refuse_typed(flags: list[str], engine: str) -> None:
+    if flags:
+        raise InputError(flags[0].removeprefix("--"), f"is read by --engine {engine} only")
+
+
+def _flags(cls: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return {o.name: getattr(args, o.name) for o in options(cls) if o.flag is not None}
+
+
 def cmd_serve(args: argparse.Namespace) -> Result:
     """The answer of ``vrammath serve``: text and its JSON."""
-    given = {o.name: getattr(args, o.name) for o in options(Serve) if o.flag is not None}
-    engine_flags = {o.name: getattr(args, o.name) for o in options(Vllm) if o.flag is not None}
-    sglang_flags = {o.name: getattr(args, o.name) for o in options(Sglang) if o.flag is not None}
+    given = _flags(Serve, args)
     if args.no_paging and given["block"] is not _NOT_GIVEN:
         raise InputError("block", "is not read with --no-paging (an unpaged cache)", given["block"])
     if given["block"] is _NOT_GIVEN:
         given["block"] = None if args.no_paging else _SERVE_BLOCK
-    typed = [o.flag for o in options(Sglang) if sglang_flags[o.name] != _SGLANG_DEFAULTS[o.name]]
+    vllm_only = _typed(Vllm, args) + (["--concurrency"] if args.concurrency is not None else [])
+    if args.engine != "sglang":
+        _refuse_typed(_typed(Sglang, args), "sglang")
+    if args.engine != "vllm":
+        _refuse_typed(vllm_only, "vllm")
     if args.engine == "sglang":
-        return _sglang_answer(args, given, sglang_flags, engine_flags)
-    if typed:
-        raise InputError(str(typed[0]).removeprefix("--"), "is read by --engine sglang only")
+        setup = _engine_setup(args, given)
+        sg = sglang_budget(setup, Sglang(**_flags(Sglang, args)))
+        return sglang_table(setup, sg), _engine_data(setup, "sglang", sg)
     if args.engine == "vllm":
-        return _vllm_answer(args, given, engine_flags)
-    typed = [o.flag for o in options(Vllm) if engine_flags[o.name] != getattr(Vllm(), o.name)]
-    if args.concurrency is not None:
-        typed.append("--concurrency")
-    if typed:
-        raise InputError(str(typed[0]).removeprefix("--"), "is read by --engine vllm only")
+        return _vllm_answer(args, given)
     if given["gpu_util"] is _NOT_GIVEN:
         given["gpu_util"] = _SERVE_UTIL
     setup = Serve(resolve_model(args.model), **given)
@@ -118,56 +129,39 @@ def _engine_setup(args: argparse.Namespace, given: dict[str, Any]) -> Serve:
     return Serve(resolve_model(args.model), **given)
 
 
-def _sglang_answer(
-    args: argparse.Namespace, given: dict[str, Any], flags: dict[str, Any], vflags: dict[str, Any]
-) -> Result:
-    typed = [o.flag for o in options(Vllm) if vflags[o.name] != getattr(Vllm(), o.name)]
-    if typed or args.concurrency is not None:
-        flag = typed[0] if typed else "--concurrency"
-        raise InputError(str(flag).removeprefix("--"), "is read by --engine vllm only")
-    setup = _engine_setup(args, given)
-    budget = sglang_budget(setup, Sglang(**flags))
+def _engine_data(setup: Serve, engine: str, budget: VllmBudget | SglangBudget) -> dict[str, Any]:
+    """The JSON of an engine's answer: the setup as the engine reads it, the budget, warnings."""
     data: dict[str, Any] = {
         "model": setup.model.name,
         "setup": field_values(setup),
-        "sglang": budget.as_dict(),
+        engine: budget.as_dict(),
         "warnings": list(setup.model.warnings),
     }
     del data["setup"]["context"], data["setup"]["batch"], data["setup"]["gpu_util"]
     if not budget.total_measured:
-        data["warnings"].append(_UNMEASURED.format(gpu=setup.gpu))
-    return sglang_table(setup, budget), data
-
-
-_UNMEASURED = (
-    "{gpu}: no measured usable total (torch.cuda.mem_get_info) in the GPU preset; "
-    "nvidia-smi's figure is used, larger than what the engine sees"
-)
-
-
-def _vllm_answer(args: argparse.Namespace, given: dict[str, Any], flags: dict[str, Any]) -> Result:
-    setup = _engine_setup(args, given)
-    budget = vllm_budget(setup, Vllm(**flags))
-    data: dict[str, Any] = {
-        "model": setup.model.name,
-        "setup": field_values(setup),
-        "vllm": budget.as_dict(),
-        "warnings": list(setup.model.warnings),
-    }
-    if budget.max_model_len > setup.model.max_positions:
         data["warnings"].append(
+            f"{setup.gpu}: no measured usable total (torch.cuda.mem_get_info) in the GPU "
+            "preset; nvidia-smi's figure is used, larger than what the engine sees"
+        )
+    return data
+
+
+def _vllm_answer(args: argparse.Namespace, given: dict[str, Any]) -> Result:
+    setup = _engine_setup(args, given)
+    flags = Vllm(**_flags(Vllm, args))
+    budget = vllm_budget(setup, flags)
+    data = _engine_data(setup, "vllm", budget)
+    if budget.max_model_len > setup.model.max_positions:
+        data["warnings"].insert(
+            len(setup.model.warnings),
             f"max_model_len {budget.max_model_len} exceeds the model's max_position_embeddings "
             f"({setup.model.max_positions}): vLLM refuses it unless "
-            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
         )
-    del data["setup"]["context"], data["setup"]["batch"], data["setup"]["gpu_util"]
-    if not budget.total_measured:
-        data["warnings"].append(_UNMEASURED.format(gpu=setup.gpu))
     text = vllm_table(setup, budget)
     if args.concurrency is not None:
         want = args.concurrency
-        flags_ = Vllm(**flags)
-        tp, card = fewest_tp(setup, flags_, want), smallest_gpu(setup, flags_, want)
+        tp, card = fewest_tp(setup, flags, want), smallest_gpu(setup, flags, want)
         data["concurrency"] = {"requests": want, "fewest_tp": tp, "smallest_gpu": card}
         text += (
             f"\nfor {want:g} requests of {budget.max_model_len:,} tokens at once: tensor "

@@ -349,13 +349,11 @@ def serve_table(est: ServeEstimate) -> str:
 def vllm_table(setup: Serve, b: VllmBudget) -> str:
     """vLLM's startup budget as a subtraction, GB (1e9) and GiB (2**30) side by side, then the
     lines vLLM would print."""
-    measured = "as torch reports it" if b.total_measured else "nvidia-smi's figure: unmeasured"
-    lines = [
-        f"{setup.model.name} on {setup.gpu} ({fmt_gib(b.total_bytes)}, {measured}), vLLM "
-        f"{b.version} (the rule of {b.rule}), tensor parallel {setup.tp}, max_model_len "
-        f"{b.max_model_len:,}, KV cache {setup.kv_dtype}, blocks of {b.block_size} tokens",
-        f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}",
-    ]
+    head = (
+        f"{_on_gpu(setup, b.total_bytes, b.total_measured)}, vLLM {b.version} (the rule of "
+        f"{b.rule}), tensor parallel {setup.tp}, max_model_len {b.max_model_len:,}, KV cache "
+        f"{setup.kv_dtype}, blocks of {b.block_size} tokens"
+    )
     peak = "sampler" if b.sampler_peak_bytes >= b.forward_peak_bytes else "forward"
     rows = [
         (f"total x gpu_memory_utilization {b.utilization:.2f}", b.requested_bytes),
@@ -370,33 +368,24 @@ def vllm_table(setup: Serve, b: VllmBudget) -> str:
     if b.cuda_graph_bytes:
         rows.append(("- CUDA graphs (estimated from 0.20; measured constant)", b.cuda_graph_bytes))
     rows.append(("= available for the KV cache", b.available_bytes))
-    for label, value in rows:
-        lines.append(f"{label:61} {fmt_gb(value):>11} {fmt_gib(value):>13}")
-    lines.append(
+    verdict = "starts" if b.starts else "does NOT start"
+    notes = [
         f"KV cache: {b.page_bytes * b.layers // b.block_size:,} bytes per token on each GPU "
         f"({b.layers} layers); {b.num_blocks:,} blocks = {b.kv_tokens:,} tokens; one request "
-        f"of {b.max_model_len:,} tokens takes {b.blocks_per_request:,} blocks"
-    )
-    verdict = "starts" if b.starts else "does NOT start"
-    lines.append(
+        f"of {b.max_model_len:,} tokens takes {b.blocks_per_request:,} blocks",
         f"vLLM {verdict}: at most {b.max_concurrency:.2f} requests of {b.max_model_len:,} "
-        f"tokens at once; the longest max_model_len that starts: {b.largest_max_model_len:,}"
-    )
-    lines.append("vLLM would print:")
-    lines.extend(f"  {line}" for line in b.lines())
-    return "\n".join(lines)
+        f"tokens at once; the longest max_model_len that starts: {b.largest_max_model_len:,}",
+    ]
+    return _engine_table(head, rows, notes, "vLLM", b.lines())
 
 
 def sglang_table(setup: Serve, b: SglangBudget) -> str:
     """SGLang's startup budget, GB (1e9) and GiB (2**30) side by side, then the lines SGLang
     would print."""
-    measured = "as torch reports it" if b.total_measured else "nvidia-smi's figure: unmeasured"
-    lines = [
-        f"{setup.model.name} on {setup.gpu} ({fmt_gib(b.total_bytes)}, {measured}), SGLang "
-        f"{b.version}, tensor parallel {setup.tp}, context_len {b.context_len:,}, KV cache "
-        f"{setup.kv_dtype}",
-        f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}",
-    ]
+    head = (
+        f"{_on_gpu(setup, b.total_bytes, b.total_measured)}, SGLang {b.version}, tensor "
+        f"parallel {setup.tp}, context_len {b.context_len:,}, KV cache {setup.kv_dtype}"
+    )
     rows = [
         ("free before the weights load (after context and init)", b.free_before_bytes),
         (
@@ -406,14 +395,26 @@ def sglang_table(setup: Serve, b: SglangBudget) -> str:
         (f"- weights ({setup.weights}) and the rotary cache", b.weights_bytes),
         ("= the KV cache's share", max(b.rest_bytes, 0)),
     ]
-    for label, value in rows:
-        lines.append(f"{label:61} {fmt_gb(value):>11} {fmt_gib(value):>13}")
-    lines.append(
+    note = (
         f"KV cache: {b.cell_bytes:,} bytes per token on each GPU; {b.tokens:,} tokens in pages of "
         f"{b.page_size}; the rest of the GPU is SGLang's headroom (CUDA graphs, activations)"
     )
-    lines.append("SGLang would print:")
-    lines.extend(f"  {line}" for line in b.lines())
+    return _engine_table(head, rows, [note], "SGLang", b.lines())
+
+
+def _on_gpu(setup: Serve, total: int, measured: bool) -> str:
+    seen = "as torch reports it" if measured else "nvidia-smi's figure: unmeasured"
+    return f"{setup.model.name} on {setup.gpu} ({fmt_gib(total)}, {seen})"
+
+
+def _engine_table(
+    head: str, rows: list[tuple[str, float]], notes: list[str], engine: str, printed: list[str]
+) -> str:
+    """An engine's budget: its head line, the subtraction in GB and GiB, notes, and the lines
+    the engine prints."""
+    lines = [head, f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}"]
+    lines += [f"{label:61} {fmt_gb(value):>11} {fmt_gib(value):>13}" for label, value in rows]
+    lines += [*notes, f"{engine} would print:", *(f"  {line}" for line in printed)]
     return "\n".join(lines)
 
 

@@ -237,6 +237,11 @@ class GPU:
     usable_bytes: int = 0
     usable_source: str = ""
 
+    @property
+    def usable(self) -> int:
+        """The total a process sees where it was measured, else the nominal total."""
+        return self.usable_bytes or self.bytes
+
 
 @cache
 def load_gpus() -> dict[str, GPU]:

@@ -14,6 +14,7 @@ the model, op by op as vLLM's code allocates (each function names the file).
 from __future__ import annotations
 
 from vrammath.model.spec import ModelSpec
+from vrammath.serve.weights import serving_weight_bytes
 
 #: Bytes per (request, vocabulary entry) at the V1 sampler's peak in the profile run, beyond the
 #: logits in the model dtype (``compute_logits``): their float32 copy (``Sampler.forward``:
@@ -67,10 +68,26 @@ def rotary_cache_bytes(spec: ModelSpec, dtype_bytes: int = 2) -> int:
     return spec.max_positions * rot * dtype_bytes
 
 
+def loaded_weight_bytes(spec: ModelSpec, weights: str, *, tp: int, group: int) -> int:
+    """What loading the model allocates on one GPU in vLLM and SGLang (``model_memory_usage``,
+    SGLang's "mem usage"): the weights in their serving format, codes and quantization
+    constants (:func:`~vrammath.serve.weights.serving_weight_bytes`), and the rotary cache.
+
+    >>> from vrammath.model.presets import load_model
+    >>> f'{loaded_weight_bytes(load_model("llama-3.1-8b"), "bf16", tp=1, group=128) / 2**30:.4f}'
+    '14.9888'
+
+    (vLLM prints "Model loading took 14.9888 GiB" for Llama-3.1-8B.)
+    """
+    served = serving_weight_bytes(spec, weights, tp=tp, group=group)
+    return sum(served.values()) + rotary_cache_bytes(spec)
+
+
 __all__ = [
     "V0_SAMPLER_BYTES",
     "V1_SAMPLER_BYTES",
     "forward_peak_bytes",
+    "loaded_weight_bytes",
     "rotary_cache_bytes",
     "sampler_peak_bytes",
 ]

@@ -42,9 +42,8 @@ from vrammath.notation.errors import InputError
 from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
 from vrammath.serve.estimate import Serve
 from vrammath.serve.kv_cache import kv_bytes_per_token
-from vrammath.serve.profile import rotary_cache_bytes
+from vrammath.serve.profile import loaded_weight_bytes
 from vrammath.serve.vllm import GiB, runtime_constants
-from vrammath.serve.weights import serving_weight_bytes
 
 #: The SGLang release a plain ``--engine sglang`` follows.
 SGLANG_DEFAULT = "0.4.6"
@@ -233,16 +232,15 @@ def sglang_budget(
             spec.name,
         )
     card = gpu(setup.gpu)
-    total = total_bytes if total_bytes is not None else (card.usable_bytes or card.bytes)
+    total = card.usable if total_bytes is None else total_bytes
     init = runtime_constants()["sglang_init_tp" if setup.tp > 1 else "sglang_init"]
     mfs = flags.mem_fraction_static
     return SglangBudget(
         version=flags.sglang_version,
         total_bytes=total,
         total_measured=total_bytes is not None or card.usable_bytes > 0,
-        free_before_bytes=total - (card.context_bytes or 400 * 2**20) - round(init * GiB),
-        weights_bytes=sum(serving_weight_bytes(spec, setup.weights, tp=setup.tp).values())
-        + rotary_cache_bytes(spec),
+        free_before_bytes=total - card.context_bytes - round(init * GiB),
+        weights_bytes=loaded_weight_bytes(spec, setup.weights, tp=setup.tp, group=setup.group),
         mem_fraction_static=default_fraction(card, setup.tp) if mfs is None else float(mfs),
         cell_bytes=kv_bytes_per_token(spec, setup.kv_dtype, tp=setup.tp),
         page_size=flags.page_size,

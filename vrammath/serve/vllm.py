@@ -69,8 +69,7 @@ from vrammath.notation.errors import InputError
 from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
 from vrammath.serve.estimate import Serve
 from vrammath.serve.kv_cache import kv_bytes_per_token
-from vrammath.serve.profile import forward_peak_bytes, rotary_cache_bytes, sampler_peak_bytes
-from vrammath.serve.weights import serving_weight_bytes
+from vrammath.serve.profile import forward_peak_bytes, loaded_weight_bytes, sampler_peak_bytes
 
 GiB = 2**30
 
@@ -444,7 +443,7 @@ def vllm_budget(
         raise InputError("block", "vLLM's cache is paged: --no-paging is not read by --engine vllm")
     _refuse_unmodelled(spec)
     card = gpu(setup.gpu)
-    total = total_bytes if total_bytes is not None else (card.usable_bytes or card.bytes)
+    total = card.usable if total_bytes is None else total_bytes
     util = flags.gpu_memory_utilization
     if util is None:
         util = 0.92 if flags.release >= (0, 20, 0) else 0.90
@@ -466,8 +465,7 @@ def vllm_budget(
         total_bytes=total,
         total_measured=total_bytes is not None or card.usable_bytes > 0,
         utilization=util,
-        weights_bytes=sum(serving_weight_bytes(spec, setup.weights, tp=setup.tp).values())
-        + rotary_cache_bytes(spec),
+        weights_bytes=loaded_weight_bytes(spec, setup.weights, tp=setup.tp, group=setup.group),
         forward_peak_bytes=forward_peak_bytes(spec, tokens, setup.tp),
         sampler_peak_bytes=sampler_peak_bytes(spec, seqs, v0=flags.engine_v0),
         non_torch_bytes=round(const[_non_torch_key(flags, setup.tp)] * GiB),
