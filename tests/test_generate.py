@@ -52,7 +52,7 @@ def test_llama_8b_long_prompt() -> None:
     # 4096-token prompt: the prefill peaks in the last layer's MLP (3 x 14336 x 2 B per token
     # plus the 32 layers' cache); the last decode step at its cache update
     peaks = generate_peaks(load_model("llama-3.1-8b"), prompt=4096, new_tokens=256)
-    assert (peaks.prefill_point, peaks.decode_point) == ("mlp", "cache update")
+    assert (peaks.prefill_point, peaks.decode_point) == ("MLP", "cache update")
     assert peaks.cache_bytes == 4351 * 128 * 1024  # 128 KiB per token, prompt + 255 tokens
 
 

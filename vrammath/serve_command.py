@@ -1,12 +1,13 @@
 """The ``vrammath serve`` command: its options and its answer, with or without an engine's rule.
 
 ``--engine flat`` (the default) answers weights + KV cache against a flat share of the GPU
-(:func:`vrammath.serve.estimate.serve`); ``--engine vllm`` follows vLLM's own startup budget
+(:func:`vrammath.serve.estimate.serve`); ``--engine hf`` answers transformers' ``generate()``
+(:func:`vrammath.serve.hf.hf_serve`: weights, DynamicCache and the prefill's and decode's
+peaks, exact); ``--engine vllm`` follows vLLM's own startup budget
 (:func:`vrammath.serve.vllm.vllm_budget`) and prints the lines vLLM would print; ``--engine
-sglang`` follows SGLang's (:func:`vrammath.serve.sglang.sglang_budget`). Hugging Face's
-``generate`` path has no rule of its own here yet. Each option is declared once, on
-:class:`~vrammath.serve.estimate.Serve`, :class:`~vrammath.serve.vllm.Vllm` or
-:class:`~vrammath.serve.sglang.Sglang`.
+sglang`` follows SGLang's (:func:`vrammath.serve.sglang.sglang_budget`). Each option is declared
+once, on :class:`~vrammath.serve.estimate.Serve`, :class:`~vrammath.serve.hf.Hf`,
+:class:`~vrammath.serve.vllm.Vllm` or :class:`~vrammath.serve.sglang.Sglang`.
 """
 
 from __future__ import annotations
@@ -15,24 +16,27 @@ import argparse
 import dataclasses
 from typing import Any
 
-from vrammath.answers.report import serve_dict, serve_table, sglang_table, vllm_table
+from vrammath.answers.report import hf_table, serve_dict, serve_table, sglang_table, vllm_table
 from vrammath.answers.vllm_fit import fewest_tp, smallest_gpu
 from vrammath.flags import Parser, add_options, choice, number
 from vrammath.model.presets import resolve_model
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import field_values, options
+from vrammath.notation.vocab import KV_DTYPES
 from vrammath.serve.estimate import Serve, ServeEstimate, serve, serve_warnings
+from vrammath.serve.hf import HF_ASSUMPTIONS, Hf, hf_serve
 from vrammath.serve.sglang import Sglang, SglangBudget, sglang_budget
 from vrammath.serve.vllm import Vllm, VllmBudget, vllm_budget
 
 Result = tuple[str, dict[str, Any]]
 
 #: the serving engines whose rule ``--engine`` selects
-SERVE_ENGINES = ("flat", "vllm", "sglang")
+SERVE_ENGINES = ("flat", "hf", "vllm", "sglang")
 
 _NOT_GIVEN: Any = object()  # a flag's default that tells "not typed" from any typed value
 _SERVE_BLOCK = next(f.default for f in dataclasses.fields(Serve) if f.name == "block")
 _SERVE_UTIL = next(f.default for f in dataclasses.fields(Serve) if f.name == "gpu_util")
+_SERVE_KV = next(f.default for f in dataclasses.fields(Serve) if f.name == "kv_dtype")
 
 
 def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -> None:
@@ -45,11 +49,13 @@ def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -
         "--engine",
         type=choice("engine", SERVE_ENGINES),
         default="flat",
-        help="flat: weights + KV cache against --gpu-util of the GPU; vllm: vLLM's own startup "
-        "budget, the KV tokens and concurrency it prints; sglang: SGLang's static fraction and "
-        "the tokens it prints (both need --gpu) (default flat)",
+        help="flat: weights + KV cache against --gpu-util of the GPU; hf: transformers' "
+        "generate() (weights, DynamicCache, the prefill's and decode's peaks); vllm: vLLM's own "
+        "startup budget, the KV tokens and concurrency it prints; sglang: SGLang's static "
+        "fraction and the tokens it prints (both need --gpu) (default flat)",
     )
     add_options(srv, Serve)
+    add_options(srv, Hf)
     add_options(srv, Vllm)
     add_options(srv, Sglang)
     srv.add_argument(
@@ -60,7 +66,8 @@ def add_serve_parser(sub: argparse._SubParsersAction[Parser], model_help: str) -
         "GPU preset that hold this many requests of max_model_len tokens at once",
     )
     srv.add_argument("--no-paging", action="store_true", help="unpaged cache (exact tokens)")
-    srv.set_defaults(block=_NOT_GIVEN, gpu_util=_NOT_GIVEN)  # typed or not: see cmd_serve
+    # typed or not: see cmd_serve
+    srv.set_defaults(block=_NOT_GIVEN, gpu_util=_NOT_GIVEN, kv_dtype=_NOT_GIVEN)
     srv.add_argument("--json", action="store_true", help="machine-readable output (same content)")
 
 
@@ -94,6 +101,10 @@ def cmd_serve(args: argparse.Namespace) -> Result:
     if given["block"] is _NOT_GIVEN:
         given["block"] = None if args.no_paging else _SERVE_BLOCK
     vllm_only = _typed(Vllm, args) + (["--concurrency"] if args.concurrency is not None else [])
+    if args.engine != "hf":
+        _refuse_typed(_typed(Hf, args), "hf")
+        if given["kv_dtype"] is _NOT_GIVEN:
+            given["kv_dtype"] = _SERVE_KV
     if args.engine != "sglang":
         _refuse_typed(_typed(Sglang, args), "sglang")
     if args.engine != "vllm":
@@ -104,6 +115,8 @@ def cmd_serve(args: argparse.Namespace) -> Result:
         return sglang_table(setup, sg), _engine_data(setup, "sglang", sg)
     if args.engine == "vllm":
         return _vllm_answer(args, given)
+    if args.engine == "hf":
+        return _hf_answer(args, given)
     if given["gpu_util"] is _NOT_GIVEN:
         given["gpu_util"] = _SERVE_UTIL
     setup = Serve(resolve_model(args.model), **given)
@@ -144,6 +157,25 @@ def _engine_data(setup: Serve, engine: str, budget: VllmBudget | SglangBudget) -
             "preset; nvidia-smi's figure is used, larger than what the engine sees"
         )
     return data
+
+
+def _hf_answer(args: argparse.Namespace, given: dict[str, Any]) -> Result:
+    """transformers' generate(): the cache is in the weights' dtype and is not paged."""
+    if given["gpu_util"] is not _NOT_GIVEN:
+        raise InputError("gpu-util", "is not read by --engine hf (generate() has no such share)")
+    if args.block is not _NOT_GIVEN:
+        raise InputError("block", "is not read by --engine hf (DynamicCache is not paged)")
+    if given["kv_dtype"] is _NOT_GIVEN:  # the weights' dtype, which hf_serve checks first
+        given["kv_dtype"] = given["weights"] if given["weights"] in KV_DTYPES else _SERVE_KV
+    given["gpu_util"] = _SERVE_UTIL
+    setup = Serve(resolve_model(args.model), **given)
+    est = hf_serve(setup, Hf(**_flags(Hf, args)))
+    data: dict[str, Any] = {"model": setup.model.name, "setup": field_values(setup)}
+    del data["setup"]["gpu_util"], data["setup"]["block"]
+    data["hf"] = est.as_dict()
+    data["assumptions"] = list(HF_ASSUMPTIONS)
+    data["warnings"] = list(serve_warnings(setup))
+    return hf_table(est), data
 
 
 def _vllm_answer(args: argparse.Namespace, given: dict[str, Any]) -> Result:

@@ -25,6 +25,7 @@ from vrammath.model.params import param_count
 from vrammath.notation.fields import field_values
 from vrammath.notation.units import fmt_gb, fmt_gib
 from vrammath.serve.estimate import Serve, ServeEstimate
+from vrammath.serve.hf import HF_ASSUMPTIONS, HfServeEstimate
 from vrammath.serve.sglang import SglangBudget
 from vrammath.serve.vllm import VllmBudget
 from vrammath.terms.deepspeed3 import stage3_partition
@@ -402,6 +403,39 @@ def sglang_table(setup: Serve, b: SglangBudget) -> str:
     return _engine_table(head, rows, [note], "SGLang", b.lines())
 
 
+def hf_table(est: HfServeEstimate) -> str:
+    """transformers' generate(): weights, the two peaks and what they hold, GB (1e9) and GiB
+    (2**30) side by side, then the fit on the GPU."""
+    s, p = est.setup, est.peaks
+    head = (
+        f"{s.model.name}: transformers generate(), {s.batch} x ({est.prompt:,} prompt + "
+        f"{est.new_tokens:,} new) tokens, {s.weights}, greedy, DynamicCache"
+    )
+    rows: list[tuple[str, float]] = [
+        (f"weights ({s.weights}) and RoPE's buffers", est.weights_bytes + est.buffer_bytes),
+        (f"prefill's peak (at the {p.prefill_point}), cache included", p.prefill_bytes),
+    ]
+    if est.new_tokens > 1:
+        rows.append((f"last decode step's peak (at the {p.decode_point})", p.decode_bytes))
+    rows += [
+        (f"  KV cache at the end ({s.batch} x {est.prompt + est.new_tokens - 1:,} tokens)",
+         p.cache_bytes),
+        ("= peak tensor bytes (weights + the larger peak)", est.total_bytes),
+    ]  # fmt: skip
+    card = est.gpu_spec
+    notes = []
+    if card is not None:
+        rows.append(("+ CUDA context and cuBLAS/cuBLASLt workspaces", est.outside_bytes))
+        verdict = "fits" if est.fits() else "does NOT fit"
+        notes.append(
+            f"{card.name} ({fmt_gib(card.usable)} usable): {verdict}; the most sequences of "
+            f"this prompt that fit: {est.max_batch():,}"
+        )
+    lines = [head, f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}"]
+    lines += [f"{label:61} {fmt_gb(value):>11} {fmt_gib(value):>13}" for label, value in rows]
+    return "\n".join([*lines, *notes, *(f"assumed: {a}" for a in HF_ASSUMPTIONS)])
+
+
 def _on_gpu(setup: Serve, total: int, measured: bool) -> str:
     seen = "as torch reports it" if measured else "nvidia-smi's figure: unmeasured"
     return f"{setup.model.name} on {setup.gpu} ({fmt_gib(total)}, {seen})"
@@ -423,6 +457,7 @@ __all__ = [
     "engine_name",
     "estimate_dict",
     "estimate_table",
+    "hf_table",
     "serve_dict",
     "serve_table",
     "sglang_table",
