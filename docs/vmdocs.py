@@ -223,6 +223,7 @@ VALIDATION_SETS = (
     ("matrix.json", "training steps (MemTracker, fake mode)", "validation-matrix"),
     ("archs.json", "every architecture", "validation-archs"),
     ("engines.json", "engines (fake process groups)", "validation-engines"),
+    ("generate.json", "transformers' generate() (real CPU tensors)", "validation-generate"),
 )
 
 
@@ -307,6 +308,7 @@ CALCULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "estimate": {"model": "llama-7b"},
     "fit": {"model": "llama-7b", "gpu": "a100-80gb"},
     "serve": {"model": "llama-7b"},
+    "hf": {"model": "llama-3.1-8b", "gpu": "H100-80GB"},
     "vllm": {"model": "llama-3.1-8b", "gpu": "H100-80GB", "max_model_len": 32768},
     "sglang": {"model": "llama-3.1-8b", "gpu": "H100-80GB"},
 }

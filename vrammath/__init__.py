@@ -38,6 +38,7 @@ from vrammath.answers.report import (
     engine_name,
     estimate_dict,
     estimate_table,
+    hf_table,
     serve_dict,
     serve_table,
     vllm_table,
@@ -80,6 +81,8 @@ from vrammath.notation.units import (
     fmt_gib,
 )
 from vrammath.serve.estimate import Serve, serve
+from vrammath.serve.generate import GeneratePeaks, decode_points, generate_peaks, prefill_points
+from vrammath.serve.hf import Hf, HfServeEstimate, hf_serve
 from vrammath.serve.kv_cache import kv_bytes_per_token, kv_cache_bytes, kv_cache_expr
 from vrammath.serve.logs import LogComparison, compare_log
 from vrammath.serve.vllm import Vllm, VllmBudget, vllm_budget
@@ -167,7 +170,10 @@ __all__ = [
     "ContextWarning",
     "Estimate",
     "Fit",
+    "GeneratePeaks",
     "GiB",
+    "Hf",
+    "HfServeEstimate",
     "InputError",
     "Layout",
     "LayoutMemory",
@@ -188,6 +194,7 @@ __all__ = [
     "cheapest_fit",
     "compare_log",
     "convention_bytes",
+    "decode_points",
     "deepseek_v3_training_memory",
     "deepspeed_fields",
     "dtype_bytes",
@@ -209,12 +216,15 @@ __all__ = [
     "formula_exprs",
     "from_hf_config",
     "frozen_base_exprs",
+    "generate_peaks",
     "gpu",
     "hf_activation_bytes",
     "hf_activation_terms",
     "hf_layer_bytes",
     "hf_layer_terms",
     "hf_logits_loss_terms",
+    "hf_serve",
+    "hf_table",
     "korthikanti_first_stage_bytes",
     "korthikanti_interleave_factor",
     "korthikanti_layer_bytes",
@@ -249,6 +259,7 @@ __all__ = [
     "param_counts",
     "param_exprs",
     "param_total_expr",
+    "prefill_points",
     "qlora_65b_claims",
     "raw_config",
     "recompute_cost",

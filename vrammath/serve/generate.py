@@ -5,7 +5,7 @@ allocates, besides the weights, the KV cache and the transients of one forward: 
 at once in the prefill, one token per sequence in each decode step. The peak of each forward is
 the largest of a few points, every one of which is a sum of the tensors alive there, listed op by
 op from a log of every storage the real ``generate()`` creates and frees
-(:mod:`vrammath.measure.generate`, transformers 5.24, PyTorch 2.13):
+(``vrammath.measure.generate``, transformers 5.24, PyTorch 2.13):
 
 * in the last decoder layer (the cache of every earlier layer is already full): RoPE applied to
   Q and to K (``apply_rotary_pos_emb`` makes ``q * cos``, ``rotate_half(q)`` and its product
@@ -49,7 +49,7 @@ from vrammath.notation.symbols import I, L, T, V, a, a_kv, b, d, h, s
 
 #: the families whose decoders have the parts the points below follow, op for op
 GENERATE_FAMILIES = ("llama", "mistral", "qwen2")
-#: the weight dtypes measured (fp32 skips the norms' upcasts: other points)
+#: the weight dtypes measured; in fp32 the norms skip their upcasts, which moves the points
 GENERATE_DTYPES = ("bf16", "fp16")
 
 

@@ -85,7 +85,7 @@ class HfServeEstimate:
 
     @property
     def total_bytes(self) -> int:
-        """Peak tensor bytes: weights, buffers and the larger peak."""
+        """The peak tensor bytes, the weights, buffers and larger peak together."""
         return self.weights_bytes + self.buffer_bytes + self.peaks.peak_bytes
 
     @property
