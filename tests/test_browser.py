@@ -143,7 +143,7 @@ def test_page_data_is_the_parser_flags() -> None:
     assert set(data["forms"]) == set(COMMANDS)
     sub = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     for command, fields in data["forms"].items():
-        parser = sub["serve" if command in ("vllm", "sglang") else command]
+        parser = sub["serve" if command in ("hf", "vllm", "sglang") else command]
         actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
         for f in fields:
             assert f["flag"] in actions, (command, f["flag"])

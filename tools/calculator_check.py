@@ -194,6 +194,20 @@ def random_vllm(rng: random.Random) -> dict[str, Any]:
     return out
 
 
+def random_hf(rng: random.Random) -> dict[str, Any]:
+    """A random setup of ``serve --engine hf`` (valid or not: other decoders, quantized weights
+    and as many new tokens as the context are refused by name)."""
+    context = rng.choice((2, 512, 4096, 32768, rng.randint(1, 2**17)))
+    return {
+        "model": rng.choice(model_names()),
+        "context": context,
+        "batch": rng.choice((1, 8, rng.randint(1, 256))),
+        "weights": rng.choice(("bf16", "bf16", "fp16", "int4")),
+        "gpu": rng.choice([None, *load_gpus()]),
+        "new_tokens": rng.choice((128, 1, context, rng.randint(1, 4096))),
+    }
+
+
 def random_sglang(rng: random.Random) -> dict[str, Any]:
     """A random setup of ``serve --engine sglang`` (valid or not)."""
     out = random_vllm(rng)
@@ -210,7 +224,7 @@ def random_sglang(rng: random.Random) -> dict[str, Any]:
 
 def random_argvs(rng: random.Random, n: int) -> list[list[str]]:
     """``n`` command lines: half training, a quarter fit (a GPU given), an eighth serving, an
-    eighth under vLLM's or SGLang's rule."""
+    eighth under vLLM's, SGLang's or generate()'s rule."""
     out = []
     for i in range(n):
         if i % 4 in (0, 1):
@@ -227,6 +241,8 @@ def random_argvs(rng: random.Random, n: int) -> list[list[str]]:
             out.append([*argv_for("serve", random_serve(rng)), "--json"])
         elif i % 16 == 7:
             out.append([*argv_for("vllm", random_vllm(rng)), "--json"])
+        elif i % 32 == 15:
+            out.append([*argv_for("hf", random_hf(rng)), "--json"])
         else:
             out.append([*argv_for("sglang", random_sglang(rng)), "--json"])
     return out
@@ -442,6 +458,8 @@ ENGINE_CASES = (
                         "gpu_memory_utilization": 0.8}),
     ("vllm", "vm-vl-", {"model": "qwen2.5-7b", "gpu": "A100-80GB", "version": "0.6.5"}),
     ("sglang", "vm-sg-", {"model": "qwen3-8b", "gpu": "A100-80GB", "mem_fraction_static": 0.85}),
+    ("hf", "vm-hf-", {"model": "qwen2.5-7b", "gpu": "A100-40GB", "context": 8192,
+                      "new_tokens": 256}),
 )  # fmt: skip
 
 
@@ -458,11 +476,17 @@ def _check_engine_tabs(driver: Any, base: str, problems: list[str]) -> int:
         if got["rc"]:
             problems.append(f"engine tab {tab} {case}: refused by the CLI: {got['stderr'].strip()}")
             continue
-        want = json.loads(got["stdout"])[tab]["lines"]
-        shown = driver.execute_script(
-            f"return Array.from(document.querySelectorAll('#{prefix}lines div'))"
-            ".map(d => d.textContent)"
-        )
+        answer = json.loads(got["stdout"])[tab]
+        if tab == "hf":  # no startup lines: the largest batch the page says
+            want = f"at most {answer['gpu']['max_batch']:,} sequences"
+            shown = driver.execute_script("return document.getElementById('vm-hf-max').textContent")
+            shown = want if want in shown else shown
+        else:
+            want = answer["lines"]
+            shown = driver.execute_script(
+                f"return Array.from(document.querySelectorAll('#{prefix}lines div'))"
+                ".map(d => d.textContent)"
+            )
         if shown != want:
             problems.append(f"engine tab {tab} {case}: the page shows {shown}, the CLI {want}")
         else:

@@ -35,14 +35,24 @@ from vrammath.model.presets import load_gpus, model_names
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import Option, options
 from vrammath.serve.estimate import Serve
+from vrammath.serve.hf import Hf
 from vrammath.serve.sglang import Sglang
 from vrammath.serve.vllm import Vllm
 
-COMMANDS = ("estimate", "fit", "serve", "vllm", "sglang")
+COMMANDS = ("estimate", "fit", "serve", "hf", "vllm", "sglang")
 #: the command line's head for each calculator tab that runs a command under an engine's rule
-ENGINE_TABS = {"vllm": ("serve", "--engine", "vllm"), "sglang": ("serve", "--engine", "sglang")}
-#: the fields an engine's rule does not read (typed, they are refused; the engine's flags say it)
-ENGINE_UNREAD = ("context", "batch", "gpu_util")
+ENGINE_TABS = {
+    "hf": ("serve", "--engine", "hf"),
+    "vllm": ("serve", "--engine", "vllm"),
+    "sglang": ("serve", "--engine", "sglang"),
+}
+#: the engine's own flags, and the fields of ``serve`` it does not read (typed, they are
+#: refused; the engine's flags say it)
+ENGINE_FLAGS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "hf": (Hf, ("gpu_util", "block", "kv_dtype", "tp")),  # one GPU, the cache in the weights' dtype
+    "vllm": (Vllm, ("context", "batch", "gpu_util")),
+    "sglang": (Sglang, ("context", "batch", "gpu_util")),
+}
 #: what ``fit`` reads beside a training setup (its flags and defaults are the parser's)
 FIT_EXTRAS = ("headroom", "reserve_gib")
 
@@ -68,8 +78,8 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
 
 def _options(command: str) -> tuple[tuple[Option, ...], dict[str, Any]]:
     if command in ENGINE_TABS:
-        engine = Vllm if command == "vllm" else Sglang
-        opts = [o for o in options(Serve) if o.flag is not None and o.name not in ENGINE_UNREAD]
+        engine, unread = ENGINE_FLAGS[command]
+        opts = [o for o in options(Serve) if o.flag is not None and o.name not in unread]
         opts += [o for o in options(engine) if o.flag is not None]
         fields = [*dataclasses.fields(Serve), *dataclasses.fields(engine)]
         defaults = {f.name: f.default for f in fields if f.name != "model"}

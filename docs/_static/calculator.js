@@ -24,6 +24,7 @@
     fit: ["model", "gpu", "recipe", "optimizer", "zero", "gpus", "micro_batch", "seq_len",
       "recompute", "lora_rank", "quant", "headroom"],
     serve: null,
+    hf: null,
     vllm: null,
     sglang: null,
   };
@@ -31,6 +32,7 @@
     { name: "estimate", prefix: "vm-", title: "Training: vrammath estimate" },
     { name: "fit", prefix: "vm-fit-", title: "Fit: vrammath fit" },
     { name: "serve", prefix: "vm-sv-", title: "Serving: vrammath serve" },
+    { name: "hf", prefix: "vm-hf-", title: "generate(): vrammath serve --engine hf" },
     { name: "vllm", prefix: "vm-vl-", title: "vLLM's budget: vrammath serve --engine vllm" },
     { name: "sglang", prefix: "vm-sg-", title: "SGLang's budget: vrammath serve --engine sglang" },
   ];
@@ -256,6 +258,30 @@
     const top = Math.max(Number(d.total_with_reserve_bytes), d.gpu ? Number(d.gpu.bytes) : 0, 1);
     tab.bars.append(bar("per GPU", d.total_with_reserve_bytes, top, d.gpu, false));
   }
+  function renderHf(tab, d) {
+    const h = d.hf;
+    const g = h.gpu;
+    tab.status.className = "vm-status " + (!g || g.fits ? "vm-ok" : "vm-bad");
+    tab.status.textContent = `peak tensor bytes of generate(): ${both(h.total_bytes)}` +
+      (g ? ` on ${g.name}: ${g.fits ? "fits" : "does NOT fit"}` : "");
+    if (g) {
+      tab.verdict.append(el("div", { id: "vm-hf-max", text: `${g.name} (${both(g.usable_bytes)} usable, ` +
+        `${both(g.outside_tensors_bytes)} of it CUDA context and cuBLAS workspaces): at most ` +
+        `${Number(g.max_batch).toLocaleString("en")} sequences of ${Number(h.prompt_tokens).toLocaleString("en")} ` +
+        `prompt + ${Number(h.new_tokens).toLocaleString("en")} new tokens` }));
+    }
+    tab.table.append(header(["per GPU", "GB (1e9 B)", "GiB (2^30 B)", "where"]));
+    const rows = [["weights", `weights (${d.setup.weights}) and RoPE's buffers`,
+      Number(h.weights_bytes) + Number(h.buffer_bytes), ""],
+    ["prefill", "prefill's peak, cache included", h.prefill_peak_bytes, h.prefill_peak_at]];
+    if (h.decode_peak_at !== "none") rows.push(["decode", "last decode step's peak", h.decode_peak_bytes, h.decode_peak_at]);
+    rows.push(["kv_cache", "KV cache at the end", h.kv_cache_bytes, "DynamicCache"],
+      ["total", "= peak tensor bytes", h.total_bytes, "weights + the larger peak"]);
+    for (const [key, text, bytes, where] of rows) {
+      tab.table.append(row([[text], [fmt(bytes, "GB"), "vm-num"], [fmt(bytes, "GiB"), "vm-num"], [where]], { "data-key": key }));
+    }
+    tab.warnings.append(...d.assumptions.map((a) => el("li", { class: "vm-note", text: "assumed: " + a })));
+  }
   function renderVllm(tab, d) {
     const v = d.vllm;
     tab.status.className = "vm-status " + (v.starts ? "vm-ok" : "vm-bad");
@@ -294,7 +320,7 @@
       tab.table.append(row([[text], [fmt(bytes, "GB"), "vm-num"], [fmt(bytes, "GiB"), "vm-num"], [what]], { "data-key": key }));
     }
   }
-  const RENDER = { estimate: renderEstimate, fit: renderFit, serve: renderServe, vllm: renderVllm, sglang: renderSglang };
+  const RENDER = { estimate: renderEstimate, fit: renderFit, serve: renderServe, hf: renderHf, vllm: renderVllm, sglang: renderSglang };
 
   /** Show one CLI run: {rc, stdout, stderr} of `argv --json`. */
   function show(tab, argv, got, tex) {
@@ -332,7 +358,7 @@
       buttons[k].classList.toggle("vm-active", k === name);
     }
   }
-  const HASH_TAB = { serve: "serve", fit: "fit", vllm: "vllm", sglang: "sglang" };
+  const HASH_TAB = { serve: "serve", fit: "fit", hf: "hf", vllm: "vllm", sglang: "sglang" };
   function writeHash() {
     const tab = tabs[current];
     const parts = HASH_TAB[current] ? ["tab=" + current] : [];

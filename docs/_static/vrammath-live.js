@@ -2,7 +2,7 @@
  *
  * The worker starts on first use (the calculator starts it at once; a "run in the browser"
  * button on a code cell starts it on click). Every answer is the CLI's own:
- *   vrammath.estimate(setup) / fit / serve / vllm / sglang (setup) -> Promise of the JSON that
+ *   vrammath.estimate(setup) / fit / serve / hf / vllm / sglang (setup) -> Promise of the JSON that
  *     `vrammath <command> ... --json` prints, or {error, rc} with the CLI's error line;
  *     setup = the `setup` object of that JSON (any subset) plus `model`.
  *   vrammath.run(argv) -> Promise of {rc, stdout, stderr} of `vrammath argv...`.
@@ -79,6 +79,7 @@
     estimate: (setup) => command("estimate", setup),
     fit: (setup) => command("fit", setup),
     serve: (setup) => command("serve", setup),
+    hf: (setup) => command("hf", setup),  // serve --engine hf
     vllm: (setup) => command("vllm", setup),  // serve --engine vllm
     sglang: (setup) => command("sglang", setup),  // serve --engine sglang
   };
