@@ -13,6 +13,7 @@ from vrammath.model.readers import from_hf_config
 from vrammath.notation.errors import InputError
 from vrammath.serve.estimate import Serve, serve
 from vrammath.serve.kv_cache import kv_bytes_per_token, kv_cache_bytes
+from vrammath.serve.profile import loaded_weight_bytes
 from vrammath.serve.weights import SERVE_QUANT_RULES, serving_weight_bytes
 from vrammath.terms.lora.quant import QLORA_QUANT_RULES, quantized_tensors
 
@@ -217,3 +218,40 @@ def test_cli_serve_bad_input(
     assert len(err.strip().splitlines()) == 1
     assert f"{field}: " in err
     assert "Traceback" not in err
+
+
+def test_fp8_formats_llama_31_8b() -> None:
+    # every decoder linear one byte per weight; embeddings, head and norms in 16 bits
+    spec = load_model("llama-3.1-8b")
+    h, f, kv = 4096, 14336, 1024
+    linear = 32 * (h * (h + kv + kv + h) + 3 * h * f)
+    rest = param_count(spec) - linear
+    channels = 32 * (h + kv + kv + h + f + f + h)  # output features of the 7 linears
+    blocks = 32 * (32 * 32 * 2 + 8 * 32 * 2 + 3 * 112 * 32)  # ceil(out/128) * ceil(in/128)
+    for fmt, consts in (
+        ("fp8", 4 * channels),
+        ("fp8-tensor", 4 * 7 * 32),
+        ("fp8-block", 4 * blocks),
+    ):
+        assert serving_weight_bytes(spec, fmt) == {
+            "weights": linear + 2 * rest,
+            "quant_constants": consts,
+        }
+
+
+def test_fp8_loaded_as_vllm_prints() -> None:
+    # neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8-dynamic (per-channel scales): vLLM printed
+    # "Loading model weights took 8.4939 GB" (GiB), a public benchmark note (stored-index file
+    # 21991779723, "Benchmark and compare FP8 and FP16 inference for vLLM")
+    loaded = loaded_weight_bytes(load_model("llama-3.1-8b"), "fp8", tp=1, group=128)
+    assert round(loaded / 2**30, 4) == 8.4939
+
+
+def test_mxfp4_experts_only() -> None:
+    spec = load_model("mixtral-8x7b")
+    got = serving_weight_bytes(spec, "mxfp4")
+    experts = 8 * 32 * 3 * 4096 * 14336  # E L_e matrices of gate, up, down
+    assert got["quant_constants"] == 8 * 32 * (2 * 14336 * 4096 // 32 + 4096 * 14336 // 32)
+    assert got["weights"] == experts // 2 + 2 * (param_count(spec) - experts)
+    with pytest.raises(InputError, match="mxfp4 quantizes routed experts only"):
+        serving_weight_bytes(load_model("llama-3.1-8b"), "mxfp4")

@@ -62,7 +62,9 @@ Parallel = Literal["none", "tp", "tp_sp"]
 Quant = Literal["nf4", "nf4-nodq", "int8"]
 LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
 #: weight formats for serving
-ServeWeights = Literal["fp16", "bf16", "int8", "int4", "nf4"]
+ServeWeights = Literal[
+    "fp16", "bf16", "int8", "int4", "nf4", "fp8", "fp8-tensor", "fp8-block", "mxfp4"
+]
 #: what a mixture-of-experts or latent-attention layer keeps under Korthikanti's convention
 #: (vrammath.terms.korthikanti.layout.POLICIES); auto: deepseek-v3 under its recipe, else bf16-flash
 ActivationPolicyName = Literal["auto", "bf16-flash", "deepseek-v3", "deepseek-v3-outputs-kept"]

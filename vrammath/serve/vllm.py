@@ -41,9 +41,13 @@ does not fit (``check_enough_kv_cache_memory``, ``raise_if_cache_size_invalid``)
 What is not modelled is refused by name: releases before 0.6.4 and V1 before 0.9.2 (other
 budget rules), 0.34 and later (the cache is sized after CUDA-graph capture), models that mix
 sliding-window and full layers (KV-cache groups), mixture-of-experts layers (the fused-MoE
-kernels' buffers in the profile run), bitsandbytes and int8 weights (vLLM's loaders for them).
-GPTQ/AWQ int4 weights are the packed codes and their group scales and zero points
-(:mod:`vrammath.serve.weights`).
+kernels' buffers in the profile run), bitsandbytes, int8 and MXFP4 weights (vLLM's loaders for
+them). GPTQ/AWQ int4 weights are the packed codes and their group scales and zero points; fp8
+checkpoints one byte per weight and their scales (:mod:`vrammath.serve.weights`). With fp8
+weights the profile run also quantizes each linear's input to fp8 (a byte per element, with
+per-token scales, alive beside the 16-bit input): at most the largest linear input's bytes over
+the profile's tokens, some 0.03 GiB for an 8B model at 2,048 tokens, which the forward's peak
+here leaves out.
 
 Examples
 ========
@@ -78,6 +82,8 @@ VLLM_RANGE = ((0, 6, 4), (0, 33, 99))
 #: The first release whose V1 engine budgets by ``memory_profiling`` (0.8.0 to 0.9.1's V1 took
 #: the peak of all allocations plus everything outside torch, the CUDA context included).
 V1_FROM = (0, 9, 2)
+#: The weight formats whose loaded bytes are modelled under ``--engine vllm``.
+VLLM_WEIGHTS = ("bf16", "fp16", "int4", "fp8", "fp8-tensor", "fp8-block")
 #: The release a plain ``--engine vllm`` follows.
 VLLM_DEFAULT = "0.11.0"
 
@@ -432,11 +438,11 @@ def vllm_budget(
     spec = setup.model
     if setup.gpu is None:
         raise InputError("gpu", "is needed by --engine vllm (its budget is a fraction of the GPU)")
-    if setup.weights not in ("bf16", "fp16", "int4"):
+    if setup.weights not in VLLM_WEIGHTS:
         raise InputError(
             "weights",
-            "must be bf16, fp16 or int4 (GPTQ/AWQ) with --engine vllm (its bitsandbytes and "
-            "int8 loaders are not modelled)",
+            f"with --engine vllm must be one of {', '.join(VLLM_WEIGHTS)} (its bitsandbytes, "
+            "int8 and MXFP4 loaders are not modelled)",
             setup.weights,
         )
     if setup.block is None:

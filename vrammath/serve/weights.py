@@ -1,4 +1,5 @@
-"""Weights in their serving format: 16-bit, LLM.int8, GPTQ/AWQ int4 or NF4, one GPU's share.
+"""Weights in their serving format: 16-bit, LLM.int8, GPTQ/AWQ int4, NF4, fp8 or MXFP4, one GPU's
+share.
 
 The bytes of the weights a server holds, codes and quantization constants apart, whole or
 one GPU's share under Megatron-style tensor parallelism as vLLM shards them.
@@ -15,6 +16,16 @@ References
 
 .. [1] Frantar et al. 2022, "GPTQ", arXiv:2210.17323; Lin et al. 2023, "AWQ", arXiv:2306.00978
    (4-bit weights with one fp16 scale and a 4-bit zero point per group of 128 inputs).
+.. [3] fp8 checkpoints as vLLM loads them (``vllm/model_executor/layers/quantization/fp8.py``,
+   ``compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py``): e4m3 codes, one byte per
+   weight, with fp32 ``weight_scale`` per output channel (llm-compressor's FP8-Dynamic), per
+   matrix (per-tensor checkpoints; a static scheme's fp32 ``input_scale`` per matrix, a few
+   kilobytes in all, is not counted) or per 128 x 128 block (``weight_block_size``, DeepSeek-V3
+   and Qwen3's FP8 releases). On GPUs without fp8 kernels vLLM repacks them for Marlin.
+.. [4] OCP Microscaling Formats (MX) v1.0: MXFP4 is e2m1 values, two per byte, with one e8m0
+   scale byte per 32 elements; gpt-oss ships its routed experts in it and every other weight
+   in bf16 (its ``quantization_config``: ``modules_to_not_convert`` attention, router,
+   embeddings and head).
 .. [2] vLLM, ``vllm/model_executor/models/mixtral.py`` (``MixtralMoE``: the router is a
    ``ReplicatedLinear`` built with ``quant_config=None``, the experts a ``FusedMoE`` built with
    the checkpoint's ``quant_config``), ``vllm/model_executor/layers/quantization/gptq.py``,
@@ -29,13 +40,15 @@ import sympy
 
 from vrammath.model.params import Tensor, param_count, size_values, tensors
 from vrammath.model.spec import ModelSpec
-from vrammath.notation.errors import one_of, positive_int
+from vrammath.notation.errors import InputError, one_of, positive_int
 from vrammath.notation.symbols import P, a, a_kv, t
 from vrammath.notation.vocab import SERVE_WEIGHTS
 from vrammath.serve.kv_cache import kv_heads_per_gpu_expr
 from vrammath.terms.lora.quant import kind_rule, quant_tensor_exprs
 
 INT4_GROUP = 128  # GPTQ / AWQ default group size
+FP8_BLOCK = 128  # weight_block_size of block-scaled fp8 checkpoints
+MXFP4_BLOCK = 32  # elements per e8m0 scale (OCP MX)
 
 #: What a quantized serving checkpoint (GPTQ / AWQ int4, bitsandbytes NF4 and LLM.int8, as vLLM
 #: loads them; sources in the module's references) does with each kind of parameter: quantize
@@ -54,6 +67,13 @@ SERVE_QUANT_RULES: dict[str, bool] = {
 }
 
 
+#: MXFP4 as gpt-oss ships it: the routed experts only; everything else stays in 16 bits
+MXFP4_RULES: dict[str, bool] = {
+    **dict.fromkeys(SERVE_QUANT_RULES, False),
+    "experts": True,
+}
+
+
 def _in_out(spec: ModelSpec, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr]:
     # nn.Linear stores (out, in); GPT-2's own Conv1D module stores (in, out).
     if spec.conv1d:
@@ -61,8 +81,11 @@ def _in_out(spec: ModelSpec, tensor: Tensor) -> tuple[sympy.Expr, sympy.Expr]:
     return tensor.shape[1], tensor.shape[0]
 
 
-def serve_matrices(spec: ModelSpec) -> list[tuple[Tensor, bool]]:
-    """Every parameter tensor as a serving checkpoint stores it, with whether it is quantized.
+def serve_matrices(
+    spec: ModelSpec, rules: dict[str, bool] = SERVE_QUANT_RULES
+) -> list[tuple[Tensor, bool]]:
+    """Every parameter tensor as a serving checkpoint stores it, with whether ``rules`` (by
+    default :data:`SERVE_QUANT_RULES`) quantize it.
 
     A stacked expert tensor ``(E, out, in)`` is ``E`` matrices ``(out, in)``, each quantized on
     its own (its own groups, its own row scales), as a checkpoint stores one per expert.
@@ -76,7 +99,7 @@ def serve_matrices(spec: ModelSpec) -> list[tuple[Tensor, bool]]:
     """
     out: list[tuple[Tensor, bool]] = []
     for tensor in tensors(spec):
-        rule = kind_rule(SERVE_QUANT_RULES, tensor, "weights", "serving-format")
+        rule = kind_rule(rules, tensor, "weights", "serving-format")
         quantized = rule and len(tensor.shape) >= 2
         stored = tensor
         if tensor.component == "experts" and len(tensor.shape) == 3:
@@ -115,8 +138,12 @@ def serving_weight_exprs(
       point per ``group`` inputs of every output (2.5 bytes per group; GPTQ's optional ``g_idx``,
       4 bytes per input row, is not counted).
     * ``nf4``: bitsandbytes NF4 with double quantization (see :mod:`vrammath.terms.lora.quant`).
+    * ``fp8``, ``fp8-tensor``, ``fp8-block``: one byte per weight and an fp32 scale per output
+      channel, per matrix, or per block of 128 x 128.
+    * ``mxfp4``: half a byte per weight and one scale byte per 32 inputs of every output, for
+      the routed experts only (:data:`MXFP4_RULES`; a model without routed experts is refused).
 
-    What is quantized follows :data:`SERVE_QUANT_RULES`: every linear layer of the decoder,
+    What is quantized follows :data:`SERVE_QUANT_RULES` (MXFP4 apart): every linear layer of the decoder,
     routed experts included (each expert's matrices on their own); embeddings, the LM head, the
     router, norms and biases stay in 16 bits. With ``tp`` each GPU holds ``1/t`` of every
     sharded matrix (an expert's intermediate dimension too, as vLLM's tensor-parallel MoE
@@ -132,25 +159,47 @@ def serving_weight_exprs(
     positive_int("group", group)
     if weights in ("fp16", "bf16") and not tp:
         return {"weights": 2 * P, "quant_constants": sympy.Integer(0)}
+    if weights == "mxfp4" and spec.experts is None:
+        raise InputError(
+            "weights",
+            "mxfp4 quantizes routed experts only, as gpt-oss ships it; "
+            f"{spec.name} has none (its weights would all stay in 16 bits)",
+            weights,
+        )
     codes = sympy.Integer(0)
     consts = sympy.Integer(0)
-    for tensor, quantized in serve_matrices(spec):
+    rules = MXFP4_RULES if weights == "mxfp4" else SERVE_QUANT_RULES
+    for tensor, quantized in serve_matrices(spec, rules):
         share = _tp_share(tensor) if tp else sympy.Integer(1)
         if not quantized or weights in ("fp16", "bf16"):
             codes += tensor.count * share * 2 * tensor.numel
             continue
-        if weights == "int4":
-            fan_in, fan_out = _in_out(spec, tensor)
-            c = tensor.numel / 2
-            k = fan_out * sympy.ceiling(fan_in / group) * sympy.Rational(5, 2)
-        else:
-            c, k = quant_tensor_exprs(tensor, "nf4" if weights == "nf4" else "int8")
+        c, k = _quantized(spec, tensor, weights, group)
         codes += tensor.count * share * c
         consts += tensor.count * share * k
     return {
         "weights": sympy.factor_terms(sympy.expand(codes)),
         "quant_constants": sympy.factor_terms(sympy.expand(consts)),
     }
+
+
+def _quantized(
+    spec: ModelSpec, tensor: Tensor, weights: str, group: int
+) -> tuple[sympy.Expr, sympy.Expr]:
+    """Bytes of one quantized matrix: its codes and its quantization constants."""
+    fan_in, fan_out = _in_out(spec, tensor)
+    if weights == "int4":
+        return tensor.numel / 2, fan_out * sympy.ceiling(fan_in / group) * sympy.Rational(5, 2)
+    if weights == "fp8":
+        return tensor.numel, 4 * fan_out
+    if weights == "fp8-tensor":
+        return tensor.numel, sympy.Integer(4)
+    if weights == "fp8-block":
+        blocks = sympy.ceiling(fan_out / FP8_BLOCK) * sympy.ceiling(fan_in / FP8_BLOCK)
+        return tensor.numel, 4 * blocks
+    if weights == "mxfp4":
+        return tensor.numel / 2, fan_out * sympy.ceiling(fan_in / MXFP4_BLOCK)
+    return quant_tensor_exprs(tensor, "nf4" if weights == "nf4" else "int8")
 
 
 def serving_weight_bytes(
@@ -168,7 +217,10 @@ def serving_weight_bytes(
 
 
 __all__ = [
+    "FP8_BLOCK",
     "INT4_GROUP",
+    "MXFP4_BLOCK",
+    "MXFP4_RULES",
     "SERVE_QUANT_RULES",
     "SERVE_WEIGHTS",
     "serve_matrices",
