@@ -183,14 +183,15 @@ def test_cli_answers_and_refuses(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_published_startup_logs() -> None:
     """The validation page's claims: at least 15 rows, a named cause for every row over 2 %,
-    every row vrammath cannot express with its reason; the median is pinned at 3 % (a
-    regression guard: the page shows the figure itself)."""
+    every row vrammath cannot express with its reason; the median is pinned at 3.2 % (a
+    regression guard, 3.10 % over 25 rows once the L4, T4 and RTX A5000 presets expressed
+    their rows; the page shows the figure itself)."""
     rows = json.loads((ROOT / "validation" / "serving-logs.json").read_text())["rows"]
     found = [compare_log(r) for r in rows]
     done = [c for c in found if c.error is not None]
     assert len(found) >= 15
     assert len(done) >= 8
-    assert statistics.median(abs(c.error) for c in done) <= 0.03
+    assert statistics.median(abs(c.error) for c in done) <= 0.032
     assert all(c.row.get("cause") for c in done if abs(c.error) > 0.02)
     assert all(c.reason for c in found if c.budget is None)
 
