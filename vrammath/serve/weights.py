@@ -67,7 +67,7 @@ SERVE_QUANT_RULES: dict[str, bool] = {
 }
 
 
-#: MXFP4 as gpt-oss ships it: the routed experts only; everything else stays in 16 bits
+#: what MXFP4 quantizes as gpt-oss ships it, the routed experts only (all else stays 16-bit)
 MXFP4_RULES: dict[str, bool] = {
     **dict.fromkeys(SERVE_QUANT_RULES, False),
     "experts": True,
