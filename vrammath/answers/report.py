@@ -15,6 +15,7 @@ Examples
 from __future__ import annotations
 
 import functools
+import textwrap
 
 import sympy
 
@@ -408,7 +409,7 @@ def hf_table(est: HfServeEstimate) -> str:
     (2**30) side by side, then the fit on the GPU."""
     s, p = est.setup, est.peaks
     head = (
-        f"{s.model.name}: transformers generate(), {s.batch} x ({est.prompt:,} prompt + "
+        f"{s.model.name}: generate(), {s.batch} x ({est.prompt:,} prompt + "
         f"{est.new_tokens:,} new) tokens, {s.weights}, greedy, DynamicCache"
     )
     rows: list[tuple[str, float]] = [
@@ -433,7 +434,8 @@ def hf_table(est: HfServeEstimate) -> str:
         )
     lines = [head, f"{'per GPU':61} {'GB (1e9 B)':>11} {'GiB (2^30 B)':>13}"]
     lines += [f"{label:61} {fmt_gb(value):>11} {fmt_gib(value):>13}" for label, value in rows]
-    return "\n".join([*lines, *notes, *(f"assumed: {a}" for a in HF_ASSUMPTIONS)])
+    assumed = [textwrap.fill(f"assumed: {a}", 88, subsequent_indent="  ") for a in HF_ASSUMPTIONS]
+    return "\n".join([*lines, *notes, *assumed])
 
 
 def _on_gpu(setup: Serve, total: int, measured: bool) -> str:
