@@ -85,3 +85,8 @@ def test_refusals(argv: list[str], field: str, capsys: pytest.CaptureFixture[str
 def test_new_tokens_only_with_hf(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "qwen2-7b", "--new-tokens", "5"]) == 2
     assert "new-tokens: is read by --engine hf only" in capsys.readouterr().err
+
+
+def test_context_past_the_positions_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "qwen2-7b", "--engine", "hf", "--context", "200000"]) == 0
+    assert "context 200000 exceeds the model's max_position_embeddings" in capsys.readouterr().err

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vrammath.model.presets import GPU, gpu
-from vrammath.notation.errors import InputError
+from vrammath.notation.errors import InputError, warn_context
 from vrammath.notation.fields import MAX_TOKENS, check_bounds, declared
 from vrammath.serve.estimate import Serve
 from vrammath.serve.generate import GENERATE_DTYPES, GeneratePeaks, generate_peaks
@@ -194,6 +194,7 @@ def hf_serve(setup: Serve, hf: Hf | None = None) -> HfServeEstimate:
             f"must be less than the context ({setup.context}): the prompt is the rest",
             hf.new_tokens,
         )
+    warn_context(spec.name, spec.past_context("context", setup.context))
     peaks = generate_peaks(
         spec,
         prompt=setup.context - hf.new_tokens,
