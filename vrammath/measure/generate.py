@@ -147,7 +147,8 @@ def measure_generate(
     spec = as_spec(dict(config))
     torch.manual_seed(0)
     net = build_model(spec, precision=dtype, attention="sdpa").eval()
-    ids = torch.randint(1, spec.vocab, (batch, prompt))  # no pad id (0): no padding mask
+    pad = 0
+    ids = torch.randint(pad + 1, spec.vocab, (batch, prompt))  # no pad id: no padding mask
     recorder = _recorder_class()()
     for tensor in [*net.parameters(), *net.buffers(), ids]:
         recorder.track(tensor)
@@ -167,26 +168,25 @@ def measure_generate(
                 do_sample=False,
                 use_cache=True,
                 eos_token_id=None,
-                pad_token_id=0,
+                pad_token_id=pad,
             )
     finally:
         hook.remove()
         recorder.active = False
     setup = {e.storage for e in recorder.events if e.phase == "setup" and e.kind == "alloc"}
-    alive = total = 0
+    alive = 0
     sizes: dict[int, int] = {}
     peaks: dict[str, int] = {}
     for event in recorder.events:
         if event.kind == "alloc" and event.storage not in setup:
             sizes[event.storage] = event.nbytes
-            total += event.nbytes
+            alive += event.nbytes
         elif event.kind == "free":
-            total -= sizes.pop(event.storage, 0)
-        alive = total
+            alive -= sizes.pop(event.storage, 0)
         peaks[event.phase] = max(peaks.get(event.phase, 0), alive)
     decode = [v for k, v in peaks.items() if k.startswith("forward ") and k != "forward 0"]
     gen = net.generation_config  # the ids generate() made tensors of (eos was set to None)
-    special = sum(x is not None for x in (gen.bos_token_id, 0, gen.decoder_start_token_id))
+    special = sum(x is not None for x in (gen.bos_token_id, pad, gen.decoder_start_token_id))
     return {"prefill": peaks["forward 0"], "decode": max(decode, default=0), "special": special}
 
 
