@@ -16,6 +16,12 @@ References
 
 .. [1] Frantar et al. 2022, "GPTQ", arXiv:2210.17323; Lin et al. 2023, "AWQ", arXiv:2306.00978
    (4-bit weights with one fp16 scale and a 4-bit zero point per group of 128 inputs).
+.. [2] vLLM, ``vllm/model_executor/models/mixtral.py`` (``MixtralMoE``: the router is a
+   ``ReplicatedLinear`` built with ``quant_config=None``, the experts a ``FusedMoE`` built with
+   the checkpoint's ``quant_config``), ``vllm/model_executor/layers/quantization/gptq.py``,
+   ``awq.py`` and ``bitsandbytes.py`` (``BitsAndBytesMoEMethod``): a quantized serving
+   checkpoint quantizes every linear layer of the decoder, routed experts included; GPTQModel /
+   AutoAWQ leave ``lm_head`` and the embeddings in 16 bits.
 .. [3] fp8 checkpoints as vLLM loads them (``vllm/model_executor/layers/quantization/fp8.py``,
    ``compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py``): e4m3 codes, one byte per
    weight, with fp32 ``weight_scale`` per output channel (llm-compressor's FP8-Dynamic), per
@@ -26,12 +32,6 @@ References
    scale byte per 32 elements; gpt-oss ships its routed experts in it and every other weight
    in bf16 (its ``quantization_config``: ``modules_to_not_convert`` attention, router,
    embeddings and head).
-.. [2] vLLM, ``vllm/model_executor/models/mixtral.py`` (``MixtralMoE``: the router is a
-   ``ReplicatedLinear`` built with ``quant_config=None``, the experts a ``FusedMoE`` built with
-   the checkpoint's ``quant_config``), ``vllm/model_executor/layers/quantization/gptq.py``,
-   ``awq.py`` and ``bitsandbytes.py`` (``BitsAndBytesMoEMethod``): a quantized serving
-   checkpoint quantizes every linear layer of the decoder, routed experts included; GPTQModel /
-   AutoAWQ leave ``lm_head`` and the embeddings in 16 bits.
 """
 
 from __future__ import annotations
