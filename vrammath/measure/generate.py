@@ -29,6 +29,7 @@ from typing import Any
 
 from vrammath.measure.allocator_events import _recorder_class
 from vrammath.measure.build import as_spec, build_model, hf_config
+from vrammath.measure.matrix_rows import SMALL_GQA, SMALL_TIED
 from vrammath.model.presets import load_model
 from vrammath.model.readers import from_hf_config
 from vrammath.serve.generate import generate_peaks
@@ -36,26 +37,8 @@ from vrammath.serve.generate import generate_peaks
 #: small decoders of every accepted family: GQA, MQA with tied embeddings and q/k/v biases, MHA,
 #: a head dimension that is not h / a, and a vocabulary larger than the layers' tensors
 CONFIGS: dict[str, dict[str, Any]] = {
-    "small-gqa": {
-        "model_type": "llama",
-        "hidden_size": 96,
-        "intermediate_size": 200,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 6,
-        "num_key_value_heads": 2,
-        "head_dim": 24,
-        "vocab_size": 1000,
-    },
-    "small-tied-mqa": {
-        "model_type": "qwen2",
-        "hidden_size": 80,
-        "intermediate_size": 136,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 5,
-        "num_key_value_heads": 1,
-        "vocab_size": 777,
-        "tie_word_embeddings": True,
-    },
+    "small-gqa": SMALL_GQA,  # the validation matrix's own small decoders
+    "small-tied-mqa": SMALL_TIED,
     "small-mha-one-layer": {
         "model_type": "llama",
         "hidden_size": 64,
