@@ -183,6 +183,7 @@ def _vllm_answer(args: argparse.Namespace, given: dict[str, Any]) -> Result:
     flags = Vllm(**_flags(Vllm, args))
     budget = vllm_budget(setup, flags)
     data = _engine_data(setup, "vllm", budget)
+    data["warnings"].extend(flags.warnings())
     if budget.max_model_len > setup.model.max_positions:
         data["warnings"].insert(
             len(setup.model.warnings),

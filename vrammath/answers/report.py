@@ -348,6 +348,22 @@ def serve_table(est: ServeEstimate) -> str:
     return "\n".join(lines)
 
 
+#: the words for each constant of memory outside torch (``conf/serving.toml``)
+_NON_TORCH = {
+    "non_torch": "one GPU",
+    "non_torch_tp": "tensor parallel with vLLM's custom all-reduce",
+    "non_torch_tp_plain": "tensor parallel without the custom all-reduce",
+    "non_torch_whole_gpu": "0.6.4 counts all of it, the CUDA context too",
+}
+#: the words for each sampler path of the profile run
+_SAMPLER = {
+    "v0": "V0's sort",
+    "pytorch": "the PyTorch sort of the logits",
+    "flashinfer": "FlashInfer's kernel",
+    "triton": "the Triton kernel",
+}
+
+
 def vllm_table(setup: Serve, b: VllmBudget) -> str:
     """vLLM's startup budget as a subtraction, GB (1e9) and GiB (2**30) side by side, then the
     lines vLLM would print."""
@@ -372,6 +388,9 @@ def vllm_table(setup: Serve, b: VllmBudget) -> str:
     rows.append(("= available for the KV cache", b.available_bytes))
     verdict = "starts" if b.starts else "does NOT start"
     notes = [
+        f"profile run: sampler {fmt_gib(b.sampler_peak_bytes)} ({_SAMPLER[b.sampler]}), "
+        f"forward {fmt_gib(b.forward_peak_bytes)}; memory outside torch: "
+        f"{_NON_TORCH[b.non_torch_key]}",
         f"KV cache: {b.page_bytes * b.layers // b.block_size:,} bytes per token on each GPU "
         f"({b.layers} layers); {b.num_blocks:,} blocks = {b.kv_tokens:,} tokens; one request "
         f"of {b.max_model_len:,} tokens takes {b.blocks_per_request:,} blocks",

@@ -12,7 +12,7 @@ requests of ``max_model_len`` tokens at once, or None.
 >>> fewest_tp(setup, Vllm(max_model_len=32768), 8)
 4
 >>> smallest_gpu(Serve(load_model("llama-3.1-8b")), Vllm(max_model_len=8192), 4)
-'L4-24GB'
+'RTX-A5000-24GB'
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ refusal, or why no preset fits). Pure: the caller reads the file.
 ...        "flags": {"max_model_len": 32768}, "printed": {"kv_tokens": 457024}}
 >>> c = compare_log(row)
 >>> c.predicted_tokens, f"{c.error:+.2%}"
-(457120, '+0.02%')
+(450096, '-1.52%')
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the model, op by op as vLLM's code allocates (each function names the file).
 >>> from vrammath.model.presets import load_model
 >>> spec = load_model("llama-3.1-8b")
 >>> forward_peak_bytes(spec, 8192, 1), sampler_peak_bytes(spec, 1024, v0=False)
-(905969664, 1313341440)
+(905969664, 4990697472)
 """
 
 from __future__ import annotations
@@ -16,17 +16,44 @@ from __future__ import annotations
 from vrammath.model.spec import ModelSpec
 from vrammath.serve.weights import serving_weight_bytes
 
-#: Bytes per (request, vocabulary entry) at the V1 sampler's peak in the profile run, beyond the
-#: logits in the model dtype (``compute_logits``): their float32 copy (``Sampler.forward``:
-#: ``logits.to(torch.float32)``) and FlashInfer's float32 probabilities
-#: (``vllm/v1/sample/ops/topk_topp_sampler.py: TopKTopPSampler.forward_cuda``).
+#: The top-k/top-p implementations of vLLM's V1 sampler whose profile-run peak is modelled
+#: (``vllm/v1/sample/ops/topk_topp_sampler.py: TopKTopPSampler``): ``pytorch`` sorts the
+#: vocabulary (``forward_native``), ``flashinfer`` is FlashInfer's fused kernel
+#: (``forward_cuda``), ``triton`` masks the float32 logits in place (``apply_top_k_top_p_triton``).
+SAMPLERS = ("pytorch", "flashinfer", "triton")
+#: Bytes per (request, vocabulary entry) at the V1 FlashInfer sampler's peak, beyond the logits
+#: in the model dtype (``compute_logits``): their float32 copy (``Sampler.forward``:
+#: ``logits.to(torch.float32)``) and FlashInfer's float32 probabilities.
 V1_SAMPLER_BYTES = 4 + 4
+#: The same for the Triton top-k/top-p kernel, which masks the float32 logits in place; beside
+#: them the float32 probabilities and ``random_sample``'s float32 exponential noise ``q``. The
+#: kernel's own gather buffers (some 80 MiB, vllm-project/vllm PR #33538) are not counted.
+V1_TRITON_BYTES = 4 + 4 + 4
 #: The same for the V0 sampler, at the ``gather`` that ends ``_apply_top_k_top_p``
 #: (``vllm/model_executor/layers/sampler.py``; the profile run asks for top-p 0.99 and top-k
 #: vocab - 1): the float32 logits, ``logits_sort``, ``probs_sort``, ``probs_sum`` and the
 #: gathered result (5 x 4), ``logits_idx`` and ``logits_idx_inv`` (2 x 8, int64), the top-k
 #: and top-p masks (2 x 1).
 V0_SAMPLER_BYTES = 5 * 4 + 2 * 8 + 2 * 1
+
+
+def sort_bytes(rows: int) -> int:
+    """Bytes per element a CUDA ``torch.sort`` of ``rows`` float32 rows (each shorter than 10^6)
+    holds at its peak beyond its input: its outputs (values 4, int64 indices 8) and what
+    ``aten/src/ATen/native/cuda/SortStable.cu: launch_stable_sort_kernel`` allocates.
+
+    From 128 rows on (``segmented_sort_pairs``) and for one row
+    (``segmented_sort_large_segments``): the int64 indices it sorts from (8) and cub's temporary
+    storage, which holds an alternate copy of keys and values (4 + 8); 32 in all. From 2 to 127
+    rows (``segmented_sort_pairs_by_full_sort``): two ``int2`` index-and-segment buffers
+    (8 + 8), the sorted keys (4) and cub's alternates of keys and ``int2`` values (4 + 8); 44.
+
+    >>> sort_bytes(1024), sort_bytes(48)
+    (32, 44)
+    """
+    if rows == 1 or rows >= 128:
+        return 4 + 8 + 8 + (4 + 8)
+    return 4 + 8 + (8 + 8) + 4 + (4 + 8)
 
 
 def forward_peak_bytes(spec: ModelSpec, tokens: int, tp: int, dtype_bytes: int = 2) -> int:
@@ -51,12 +78,37 @@ def forward_peak_bytes(spec: ModelSpec, tokens: int, tp: int, dtype_bytes: int =
     return tokens * max(mlp, attn) * dtype_bytes
 
 
-def sampler_peak_bytes(spec: ModelSpec, seqs: int, *, v0: bool, dtype_bytes: int = 2) -> int:
+def sampler_peak_bytes(
+    spec: ModelSpec, seqs: int, *, v0: bool, sampler: str = "pytorch", dtype_bytes: int = 2
+) -> int:
     """The sampler's peak in the profile run: one row per request over the whole vocabulary
-    (the logits are gathered), the model-dtype logits and the sampler's own tensors
-    (:data:`V1_SAMPLER_BYTES`, :data:`V0_SAMPLER_BYTES`)."""
-    per = dtype_bytes + (V0_SAMPLER_BYTES if v0 else V1_SAMPLER_BYTES)
-    return seqs * spec.vocab * per
+    (the logits are gathered), the model-dtype logits and the sampler's own tensors.
+
+    V0: :data:`V0_SAMPLER_BYTES`, or its sort (below) where that is larger. V1 by ``sampler``:
+    ``flashinfer`` :data:`V1_SAMPLER_BYTES`, ``triton`` :data:`V1_TRITON_BYTES`; ``pytorch``
+    peaks inside ``logits.sort`` (``apply_top_k_top_p``: the profile asks for top-k and top-p),
+    where the float32 logits (4) and :func:`sort_bytes` are alive. The scatter that follows
+    holds less (4 + 4 + 8 + two masks + 4). Both sorts agree with the memory vLLM's own PRs
+    measured for the PyTorch path (#32558, #33538).
+
+    >>> from vrammath.model.presets import load_model
+    >>> spec = load_model("llama-3.1-8b")
+    >>> [sampler_peak_bytes(spec, 1024, v0=False, sampler=s) // (1024 * spec.vocab)
+    ...  for s in SAMPLERS]
+    [38, 10, 14]
+    """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}, not {sampler!r}")
+    in_sort = 4 + sort_bytes(seqs)
+    if v0:
+        per = max(V0_SAMPLER_BYTES, in_sort)
+    elif sampler == "flashinfer":
+        per = V1_SAMPLER_BYTES
+    elif sampler == "triton":
+        per = V1_TRITON_BYTES
+    else:
+        per = in_sort
+    return seqs * spec.vocab * (dtype_bytes + per)
 
 
 def rotary_cache_bytes(spec: ModelSpec, dtype_bytes: int = 2) -> int:
@@ -84,10 +136,13 @@ def loaded_weight_bytes(spec: ModelSpec, weights: str, *, tp: int, group: int) -
 
 
 __all__ = [
+    "SAMPLERS",
     "V0_SAMPLER_BYTES",
     "V1_SAMPLER_BYTES",
+    "V1_TRITON_BYTES",
     "forward_peak_bytes",
     "loaded_weight_bytes",
     "rotary_cache_bytes",
     "sampler_peak_bytes",
+    "sort_bytes",
 ]

@@ -56,13 +56,12 @@ Examples
 >>> from vrammath.serve.estimate import Serve
 >>> b = vllm_budget(Serve(load_model("llama-3.1-8b"), gpu="H100-80GB"), Vllm(max_model_len=32768))
 >>> b.profile_tokens, b.profile_seqs, f"{b.kv_tokens:,}", round(b.max_concurrency, 2)
-(8192, 1024, '449,872', 13.73)
+(8192, 1024, '421,824', 12.87)
 """
 
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -70,130 +69,19 @@ from functools import cache
 from vrammath.model.presets import GPU, conf_dir, gpu
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
-from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
 from vrammath.serve.estimate import Serve
 from vrammath.serve.kv_cache import kv_bytes_per_token
 from vrammath.serve.profile import forward_peak_bytes, loaded_weight_bytes, sampler_peak_bytes
+from vrammath.serve.vllm_flags import (
+    V1_FROM,
+    VLLM_DEFAULT,
+    VLLM_RANGE,
+    VLLM_WEIGHTS,
+    Vllm,
+)
+from vrammath.serve.vllm_flags import version_tuple as _version
 
 GiB = 2**30
-
-#: The vLLM releases whose budget rules this module follows (first, last), inclusive.
-VLLM_RANGE = ((0, 6, 4), (0, 33, 99))
-#: The first release whose V1 engine budgets by ``memory_profiling`` (0.8.0 to 0.9.1's V1 took
-#: the peak of all allocations plus everything outside torch, the CUDA context included).
-V1_FROM = (0, 9, 2)
-#: The weight formats whose loaded bytes are modelled under ``--engine vllm``.
-VLLM_WEIGHTS = ("bf16", "fp16", "int4", "fp8", "fp8-tensor", "fp8-block")
-#: The release a plain ``--engine vllm`` follows.
-VLLM_DEFAULT = "0.11.0"
-
-
-def _version(text: str) -> tuple[int, int, int]:
-    """``major.minor.patch`` of a release string; a suffix (``.post1``, ``rc1``, ``+local``)
-    is dropped.
-
-    >>> _version("0.13.0+faa43dbf.nv26.01"), _version("v0.8.5.post1"), _version("0.11")
-    ((0, 13, 0), (0, 8, 5), (0, 11, 0))
-    """
-    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-.+a-z].*)?", text.strip())
-    if match is None:
-        raise InputError("vllm_version", "must be a release number like 0.11.0", text)
-    major, minor, patch = match.groups()
-    return int(major), int(minor), int(patch or 0)
-
-
-@dataclass(frozen=True)
-class Vllm:
-    """vLLM's own flags that change its KV budget (``None``: the release's default)."""
-
-    version: str = declared(
-        VLLM_DEFAULT,
-        "--vllm-version",
-        "the vLLM release followed (0.6.4 to 0.33; default {default})",
-    )
-    v0: bool = declared(
-        False,
-        "--v0",
-        "the V0 engine (VLLM_USE_V1=0) in 0.8 to 0.10; releases before 0.8 run V0 anyway",
-        kind="switch",
-    )
-    gpu_memory_utilization: float | None = declared(
-        None,
-        "--gpu-memory-utilization",
-        "fraction of the GPU's total vLLM may use (default 0.90 to 0.19, 0.92 from 0.20)",
-        kind="fraction",
-    )
-    max_model_len: int | None = declared(
-        None,
-        "--max-model-len",
-        f"tokens per request (1..{MAX_TOKENS}; default the model's max_position_embeddings)",
-        low=1,
-        high=MAX_TOKENS,
-    )
-    max_num_seqs: int | None = declared(
-        None,
-        "--max-num-seqs",
-        f"requests per step (1..{MAX_COUNT}; default 1024 on GPUs of 70 GiB or more but A100, "
-        "else 256)",
-        low=1,
-        high=MAX_COUNT,
-    )
-    max_num_batched_tokens: int | None = declared(
-        None,
-        "--max-num-batched-tokens",
-        f"tokens per step (1..{MAX_TOKENS}; default 8192 (server) or 16384 (offline LLM) on GPUs "
-        "of 70 GiB or more but A100, else 2048 or 8192)",
-        low=1,
-        high=MAX_TOKENS,
-    )
-    enforce_eager: bool = declared(
-        False,
-        "--enforce-eager",
-        "no CUDA graphs (vLLM 0.20 on then subtracts no graph memory; the profile's forward "
-        "peak is derived from the eager ops either way)",
-        kind="switch",
-    )
-    offline: bool = declared(
-        False,
-        "--offline",
-        "vLLM run as LLM(...) in Python (its defaults), not `vllm serve`",
-        kind="switch",
-    )
-
-    def __post_init__(self) -> None:
-        check_bounds(self)
-        v = _version(self.version) if isinstance(self.version, str) else None
-        if v is None or not VLLM_RANGE[0] <= v <= VLLM_RANGE[1]:
-            raise InputError(
-                "vllm_version",
-                "must be a release from 0.6.4 to 0.33 (older ones budget by other rules; 0.34 "
-                "sizes the cache after CUDA-graph capture)",
-                self.version,
-            )
-        if self.v0 and v >= (0, 11, 0):
-            raise InputError("v0", "the V0 engine was removed in vLLM 0.11", self.version)
-        if not self.engine_v0 and v < V1_FROM:
-            raise InputError(
-                "vllm_version",
-                "V1 before 0.9.2 budgets by another rule (its peak of all allocations and the "
-                "CUDA context): pass --v0 for the V0 engine, or 0.9.2 or later",
-                self.version,
-            )
-        u = self.gpu_memory_utilization
-        if u is not None and (
-            isinstance(u, bool) or not isinstance(u, int | float) or not 0 < u <= 1
-        ):
-            raise InputError("gpu_memory_utilization", "must be a number in (0, 1]", u)
-
-    @property
-    def release(self) -> tuple[int, int, int]:
-        """The release as a tuple."""
-        return _version(self.version)
-
-    @property
-    def engine_v0(self) -> bool:
-        """Whether the V0 engine runs (every release before 0.8, or ``--v0``)."""
-        return self.v0 or _version(self.version) < (0, 8, 0)
 
 
 @cache
@@ -228,6 +116,10 @@ class VllmBudget:
     profile_seqs: int
     #: blocks one request holds under an all-sliding-window model (V1), else None
     window_blocks: int | None = None
+    #: the profile run's sampler (``v0`` or the V1 top-k/top-p path)
+    sampler: str = "pytorch"
+    #: the ``conf/serving.toml`` constant taken for the memory outside torch
+    non_torch_key: str = "non_torch"
 
     @property
     def activation_peak_bytes(self) -> int:
@@ -367,6 +259,7 @@ class VllmBudget:
             "forward_peak_bytes": self.forward_peak_bytes,
             "sampler_peak_bytes": self.sampler_peak_bytes,
             "non_torch_bytes": self.non_torch_bytes,
+            "non_torch_constant": self.non_torch_key,
             "cuda_graph_bytes": self.cuda_graph_bytes,
             "available_kv_bytes": self.available_bytes,
             "page_bytes_per_layer": self.page_bytes,
@@ -380,6 +273,7 @@ class VllmBudget:
             "largest_max_model_len": self.largest_max_model_len,
             "profile_tokens": self.profile_tokens,
             "profile_seqs": self.profile_seqs,
+            "sampler": self.sampler,
             "lines": self.lines(),
         }
 
@@ -423,7 +317,9 @@ def _profile_shape(flags: Vllm, big: bool, max_len: int) -> tuple[int, int]:
 def _non_torch_key(flags: Vllm, tp: int) -> str:
     if flags.release < (0, 6, 5):
         return "non_torch_whole_gpu"
-    return "non_torch" if tp == 1 else "non_torch_tp"
+    if tp == 1:
+        return "non_torch"
+    return "non_torch_tp_plain" if flags.disable_custom_all_reduce else "non_torch_tp"
 
 
 def vllm_budget(
@@ -456,6 +352,7 @@ def vllm_budget(
     max_len = flags.max_model_len or spec.max_positions
     tokens, seqs = _profile_shape(flags, big_card(card, total), max_len)
     const = runtime_constants()
+    non_torch = _non_torch_key(flags, setup.tp)
     graphs = 0
     if not flags.engine_v0 and flags.release >= (0, 20, 0) and not flags.enforce_eager:
         graphs = round(const["cuda_graphs"] * GiB)
@@ -473,8 +370,12 @@ def vllm_budget(
         utilization=util,
         weights_bytes=loaded_weight_bytes(spec, setup.weights, tp=setup.tp, group=setup.group),
         forward_peak_bytes=forward_peak_bytes(spec, tokens, setup.tp),
-        sampler_peak_bytes=sampler_peak_bytes(spec, seqs, v0=flags.engine_v0),
-        non_torch_bytes=round(const[_non_torch_key(flags, setup.tp)] * GiB),
+        sampler_peak_bytes=sampler_peak_bytes(
+            spec, seqs, v0=flags.engine_v0, sampler=flags.sampler or "pytorch"
+        ),
+        sampler=flags.sampler_path,
+        non_torch_bytes=round(const[non_torch] * GiB),
+        non_torch_key=non_torch,
         cuda_graph_bytes=graphs,
         page_bytes=kv_bytes_per_token(spec, setup.kv_dtype, tp=setup.tp) // spec.layers * block,
         layers=spec.layers,
