@@ -145,7 +145,7 @@ def test_more_requests_never_leave_more_cache(seqs: int, more: int, util: float,
         ({"gpu_memory_utilization": 1.5}, {}, "gpu_memory_utilization"),
         ({}, {"weights": "nf4"}, "weights"),
         ({}, {"model": "mixtral-8x7b"}, "model"),
-        ({}, {"model": "gemma-2-9b"}, "model"),  # sliding and full layers: KV-cache groups
+        ({"version": "0.10.0", "v0": True}, {"model": "gemma-2-9b"}, "model"),  # V0's windows
         ({}, {"gpu": None}, "gpu"),
         ({}, {"block": None}, "block"),
     ],

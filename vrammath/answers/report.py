@@ -364,6 +364,19 @@ _SAMPLER = {
 }
 
 
+def _blocks(b: VllmBudget) -> str:
+    """The blocks and tokens of vLLM's cache in words, its KV-cache groups named."""
+    lay = b.layout
+    if lay.groups == 1:
+        return f"{b.num_blocks:,} blocks = {b.kv_tokens:,} tokens"
+    return (
+        f"{lay.groups} KV-cache groups of {lay.group_size} layers ({lay.window_groups} of "
+        f"{lay.window_layers} sliding layers, window {lay.window:,}; {lay.full_groups} of "
+        f"{lay.full_layers} full), {b.num_blocks:,} blocks per group's share = "
+        f"{b.kv_tokens:,} tokens"
+    )
+
+
 def vllm_table(setup: Serve, b: VllmBudget) -> str:
     """vLLM's startup budget as a subtraction, GB (1e9) and GiB (2**30) side by side, then the
     lines vLLM would print."""
@@ -392,8 +405,8 @@ def vllm_table(setup: Serve, b: VllmBudget) -> str:
         f"forward {fmt_gib(b.forward_peak_bytes)}; memory outside torch: "
         f"{_NON_TORCH[b.non_torch_key]}",
         f"KV cache: {b.page_bytes * b.layers // b.block_size:,} bytes per token on each GPU "
-        f"({b.layers} layers); {b.num_blocks:,} blocks = {b.kv_tokens:,} tokens; one request "
-        f"of {b.max_model_len:,} tokens takes {b.blocks_per_request:,} blocks",
+        f"({b.layers} layers); {_blocks(b)}; one request of {b.max_model_len:,} tokens takes "
+        f"{b.blocks_per_request:,} blocks",
         f"vLLM {verdict}: at most {b.max_concurrency:.2f} requests of {b.max_model_len:,} "
         f"tokens at once; the longest max_model_len that starts: {b.largest_max_model_len:,}",
     ]

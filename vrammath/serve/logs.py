@@ -18,6 +18,7 @@ refusal, or why no preset fits). Pure: the caller reads the file.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from vrammath.serve.estimate import Serve
 from vrammath.serve.kv_cache import kv_bytes_per_token
 from vrammath.serve.sglang import Sglang, SglangBudget, sglang_budget
 from vrammath.serve.vllm import GiB, Vllm, VllmBudget, vllm_budget
+from vrammath.serve.vllm_layout import kv_layout
 
 #: config fields a row may set where the published config differs from the preset's
 OVERRIDES = ("max_position_embeddings",)
@@ -91,6 +93,78 @@ def sglang_rule_tokens(row: dict[str, Any]) -> int | None:
     before, after = (float(x) for x in need)
     cell = kv_bytes_per_token(log_model(row), row.get("kv_dtype", "bf16"), tp=int(row.get("tp", 1)))
     return int((after - before * (1 - float(mfs))) * GiB // cell)
+
+
+@dataclass(frozen=True)
+class LayoutCheck:
+    """vLLM's cache layout applied to the KV memory a V1 log printed: the tokens and the
+    concurrency vrammath derives from the printed GiB at both ends of their rounding."""
+
+    row: dict[str, Any]
+    tokens: tuple[int, int]
+    concurrency: tuple[float, float]
+
+    @property
+    def tokens_hold(self) -> bool:
+        """Whether the printed tokens lie within the derived range."""
+        return self.tokens[0] <= int(self.row["printed"]["kv_tokens"]) <= self.tokens[1]
+
+    @property
+    def printed_concurrency(self) -> float | None:
+        """The concurrency the log printed ("Maximum concurrency for N tokens per request:
+        X.XXx") after the token count of the row; None if it printed none. Under tensor
+        parallelism vLLM before 0.11 prints one pair of lines per rank."""
+        tokens = int(self.row["printed"]["kv_tokens"])
+        last = None
+        for line in self.row["lines"]:
+            size = _KV_TOKENS.search(line)
+            if size:
+                last = int(size.group(1).replace(",", ""))
+            match = _CONCURRENCY.search(line)
+            if match and last in (None, tokens):
+                return float(match.group(1))
+        return None
+
+    @property
+    def concurrency_holds(self) -> bool | None:
+        """Whether the printed concurrency (two decimals) lies within the derived range; None
+        where the log printed none."""
+        printed = self.printed_concurrency
+        if printed is None:
+            return None
+        lo, hi = self.concurrency
+        return round(lo, 2) <= printed <= round(hi, 2)
+
+
+_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x")
+
+
+def layout_check(row: dict[str, Any]) -> LayoutCheck | None:
+    """:class:`LayoutCheck` for a V1 vLLM row that printed its KV memory and tokens and whose
+    model is a preset; None otherwise. The GiB are printed with two decimals, so the memory lies
+    within 0.005 GiB of the figure."""
+    printed, flags = row.get("printed", {}), dict(row.get("flags", {}))
+    need = (printed.get("available_kv_gib"), printed.get("kv_tokens"), row.get("version"))
+    if row.get("engine") != "vllm" or row.get("preset") is None or None in need:
+        return None
+    vflags = Vllm(version=row["version"], **flags)
+    if vflags.engine_v0:
+        return None
+    spec = log_model(row)
+    tp = int(row.get("tp", 1))
+    max_len = vflags.max_model_len or spec.max_positions
+    step = vflags.max_num_batched_tokens or int(row.get("step_tokens", 2048))
+    windowed = not (vflags.disable_hybrid_kv_cache_manager and spec.sliding_window is not None)
+    lay = kv_layout(spec, row.get("kv_dtype", "bf16"), tp=tp, block=16, windowed=windowed)
+    gib = float(printed["available_kv_gib"])
+    ends = [int((gib + d) * GiB) for d in (-0.005, 0.005)]
+    tokens = (lay.tokens(ends[0]), lay.tokens(ends[1]))
+    if vflags.release >= (0, 11, 0):
+        lo, hi = (lay.concurrency(e, max_len, step) for e in ends)
+    else:  # before 0.11: the tokens over max_model_len
+        lo, hi = (t / max_len for t in tokens)
+    return LayoutCheck(row, tokens, (lo, hi))
 
 
 def _sglang(row: dict[str, Any]) -> LogComparison:
@@ -164,8 +238,10 @@ def compare_log(row: dict[str, Any]) -> LogComparison:
 __all__ = [
     "OVERRIDES",
     "SGLANG_FLAGS",
+    "LayoutCheck",
     "LogComparison",
     "compare_log",
+    "layout_check",
     "log_model",
     "sglang_rule_tokens",
 ]

@@ -17,11 +17,13 @@ engine (``vllm/worker/worker.py: Worker.determine_num_available_blocks``) and in
   ``min(max_num_seqs, tokens)`` requests, then the sampler over one row per request
   (:func:`~vrammath.serve.profile.forward_peak_bytes`,
   :func:`~vrammath.serve.profile.sampler_peak_bytes`; the defaults in
-  ``_profile_shape``).
+  ``_profile_shape``). The sampler's top-k/top-p path (``--sampler``: the PyTorch sort,
+  FlashInfer or Triton) sets its size; a log says which it ran.
 * ``non_torch`` is memory outside PyTorch's allocator seen by the profile
   (``vllm/utils: memory_profiling`` from 0.6.5; in 0.6.4 everything the GPU holds outside
-  torch): kernels loaded lazily, library handles, NCCL. No model term derives it: it is a
-  measured constant (``conf/serving.toml``).
+  torch): kernels loaded lazily, library handles, NCCL and, under tensor parallelism, the
+  custom all-reduce's buffers (``--disable-custom-all-reduce``, or no P2P, drops them). No
+  model term derives it: it is a measured constant (``conf/serving.toml``).
 * ``cuda_graphs``: from 0.20 on, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 and
   the graphs' estimated memory is subtracted too (``profile_cudagraph_memory``); a measured
   constant as well.
@@ -38,10 +40,11 @@ block_size) + 1`` blocks) and tokens over ``max_model_len`` before; V0 prints ``
 (``# cuda blocks`` from 0.7). Both refuse to start when one request of ``max_model_len`` tokens
 does not fit (``check_enough_kv_cache_memory``, ``raise_if_cache_size_invalid``).
 
-What is not modelled is refused by name: releases before 0.6.4 and V1 before 0.9.2 (other
-budget rules), 0.34 and later (the cache is sized after CUDA-graph capture), models that mix
-sliding-window and full layers (KV-cache groups), mixture-of-experts layers (the fused-MoE
-kernels' buffers in the profile run), bitsandbytes, int8 and MXFP4 weights (vLLM's loaders for
+A model that mixes sliding-window and full layers gets V1's KV-cache groups
+(:mod:`vrammath.serve.vllm_layout`). What is not modelled is refused by name: releases before
+0.6.4 and V1 before 0.9.2 (other budget rules), 0.34 and later (the cache is sized after
+CUDA-graph capture), mixed sliding and full layers under V0, mixture-of-experts layers (the
+fused-MoE kernels' buffers in the profile run), bitsandbytes, int8 and MXFP4 weights (vLLM's loaders for
 them). GPTQ/AWQ int4 weights are the packed codes and their group scales and zero points; fp8
 checkpoints one byte per weight and their scales (:mod:`vrammath.serve.weights`). With fp8
 weights the profile run also quantizes each linear's input to fp8 (a byte per element, with
@@ -69,8 +72,8 @@ from functools import cache
 from vrammath.model.presets import GPU, conf_dir, gpu
 from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
+from vrammath.notation.fields import MAX_TOKENS
 from vrammath.serve.estimate import Serve
-from vrammath.serve.kv_cache import kv_bytes_per_token
 from vrammath.serve.profile import forward_peak_bytes, loaded_weight_bytes, sampler_peak_bytes
 from vrammath.serve.vllm_flags import (
     V1_FROM,
@@ -80,6 +83,7 @@ from vrammath.serve.vllm_flags import (
     Vllm,
 )
 from vrammath.serve.vllm_flags import version_tuple as _version
+from vrammath.serve.vllm_layout import KvLayout, kv_layout
 
 GiB = 2**30
 
@@ -108,14 +112,11 @@ class VllmBudget:
     sampler_peak_bytes: int
     non_torch_bytes: int
     cuda_graph_bytes: int
-    page_bytes: int
+    layout: KvLayout
     layers: int
-    block_size: int
     max_model_len: int
     profile_tokens: int
     profile_seqs: int
-    #: blocks one request holds under an all-sliding-window model (V1), else None
-    window_blocks: int | None = None
     #: the profile run's sampler (``v0`` or the V1 top-k/top-p path)
     sampler: str = "pytorch"
     #: the ``conf/serving.toml`` constant taken for the memory outside torch
@@ -138,21 +139,29 @@ class VllmBudget:
         return int(self.requested_bytes - (rest + self.non_torch_bytes + self.cuda_graph_bytes))
 
     @property
+    def page_bytes(self) -> int:
+        """One block of one layer."""
+        return self.layout.page_bytes
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self.layout.block_size
+
+    @property
     def num_blocks(self) -> int:
-        """Blocks of ``block_size`` tokens in every layer."""
-        return max(self.available_bytes // self.page_bytes // self.layers, 0)
+        """Blocks in every KV-cache group's share (every layer's, for one group)."""
+        return self.layout.num_blocks(self.available_bytes)
 
     @property
     def kv_tokens(self) -> int:
         """Tokens of KV cache on each GPU (V1's ``GPU KV cache size``)."""
-        return self.num_blocks * self.block_size
+        return self.layout.tokens(self.available_bytes)
 
     @property
     def blocks_per_request(self) -> int:
-        """Blocks one request of ``max_model_len`` tokens takes."""
-        if self.window_blocks is not None:
-            return self.window_blocks
-        return -(-self.max_model_len // self.block_size)
+        """Blocks one request of ``max_model_len`` tokens takes, over the groups."""
+        return self.layout.blocks_per_request(self.max_model_len, self.profile_tokens)
 
     @property
     def rule(self) -> str:
@@ -181,12 +190,16 @@ class VllmBudget:
         """Whether vLLM starts (it refuses when one request of ``max_model_len`` does not fit)."""
         if self.engine_v0:
             return self.num_blocks > 0 and self.kv_tokens >= self.max_model_len
-        return self.available_bytes > 0 and self.num_blocks >= self.blocks_per_request
+        needed = self.layout.needed_bytes(self.max_model_len, self.profile_tokens)
+        return self.available_bytes > 0 and needed <= self.available_bytes
 
     @property
     def largest_max_model_len(self) -> int:
-        """The longest ``--max-model-len`` whose one request still fits (whole blocks)."""
-        return self.kv_tokens
+        """The longest ``--max-model-len`` whose one request still fits (whole blocks; a
+        bisection over the layers' needs where sliding and full layers mix)."""
+        if self.layout.groups == 1:
+            return self.kv_tokens
+        return self.layout.largest_len(self.available_bytes, self.profile_tokens, MAX_TOKENS)
 
     def lines(self) -> list[str]:
         """The engine's own startup lines, as it would print them."""
@@ -204,12 +217,13 @@ class VllmBudget:
             return self._v0_lines()
         out = [
             f"Available KV cache memory: {self.available_bytes / GiB:.2f} GiB",
+            *self.layout.padding_lines(),
             f"GPU KV cache size: {self.kv_tokens:,} tokens",
             f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
             f"{self.max_concurrency:.2f}x",
         ]
         if not self.starts:
-            needed = self.blocks_per_request * self.page_bytes * self.layers
+            needed = self.layout.needed_bytes(self.max_model_len, self.profile_tokens)
             out.append(
                 f"ValueError: To serve at least one request with the models's max seq len "
                 f"({self.max_model_len}), ({needed / GiB:.2f} GiB KV cache is needed, which is "
@@ -263,6 +277,8 @@ class VllmBudget:
             "cuda_graph_bytes": self.cuda_graph_bytes,
             "available_kv_bytes": self.available_bytes,
             "page_bytes_per_layer": self.page_bytes,
+            "kv_cache_groups": self.layout.groups,
+            "layers_per_group": self.layout.group_size,
             "block_size": self.block_size,
             "num_blocks": self.num_blocks,
             "kv_tokens": self.kv_tokens,
@@ -278,7 +294,7 @@ class VllmBudget:
         }
 
 
-def _refuse_unmodelled(spec: ModelSpec) -> None:
+def _refuse_unmodelled(spec: ModelSpec, flags: Vllm) -> None:
     if spec.experts is not None:
         raise InputError(
             "model",
@@ -286,13 +302,18 @@ def _refuse_unmodelled(spec: ModelSpec) -> None:
             "modelled by --engine vllm",
             spec.name,
         )
-    if spec.sliding_window is not None and spec.attention.window_layers != spec.layers:
+    if _mixed(spec) and flags.engine_v0:
         raise InputError(
             "model",
-            "sliding-window and full layers put vLLM's cache into KV-cache groups, not modelled "
-            "by --engine vllm",
+            "sliding-window and full layers in vLLM's V0 engine (which caps or drops the "
+            "window by model) are not modelled: V1 groups them (0.9.2 on)",
             spec.name,
         )
+
+
+def _mixed(spec: ModelSpec) -> bool:
+    """Whether ``spec`` mixes sliding-window and full layers."""
+    return spec.sliding_window is not None and spec.attention.window_layers != spec.layers
 
 
 def big_card(card: GPU, total: int) -> bool:
@@ -343,7 +364,7 @@ def vllm_budget(
         )
     if setup.block is None:
         raise InputError("block", "vLLM's cache is paged: --no-paging is not read by --engine vllm")
-    _refuse_unmodelled(spec)
+    _refuse_unmodelled(spec, flags)
     card = gpu(setup.gpu)
     total = card.usable if total_bytes is None else total_bytes
     util = flags.gpu_memory_utilization
@@ -356,12 +377,10 @@ def vllm_budget(
     graphs = 0
     if not flags.engine_v0 and flags.release >= (0, 20, 0) and not flags.enforce_eager:
         graphs = round(const["cuda_graphs"] * GiB)
-    block = setup.block
-    window = None
-    if spec.sliding_window is not None and not flags.engine_v0:
-        # SlidingWindowSpec.max_memory_usage_bytes: the window plus one step's tokens, +1 block
-        span = min(spec.sliding_window - 1 + tokens, max_len)
-        window = -(-span // block) + 1
+    # V1 keeps a sliding layer's window only (V0 holds every token); a model that mixes kinds
+    # counts its sliding layers as full under --disable-hybrid-kv-cache-manager
+    windowed = not flags.engine_v0 and not (_mixed(spec) and flags.disable_hybrid_kv_cache_manager)
+    layout = kv_layout(spec, setup.kv_dtype, tp=setup.tp, block=setup.block, windowed=windowed)
     return VllmBudget(
         version=flags.version,
         engine_v0=flags.engine_v0,
@@ -377,13 +396,11 @@ def vllm_budget(
         non_torch_bytes=round(const[non_torch] * GiB),
         non_torch_key=non_torch,
         cuda_graph_bytes=graphs,
-        page_bytes=kv_bytes_per_token(spec, setup.kv_dtype, tp=setup.tp) // spec.layers * block,
+        layout=layout,
         layers=spec.layers,
-        block_size=block,
         max_model_len=max_len,
         profile_tokens=tokens,
         profile_seqs=seqs,
-        window_blocks=window,
     )
 
 

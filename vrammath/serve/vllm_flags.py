@@ -113,6 +113,13 @@ class Vllm:
         "(default pytorch, what pip installs ran before 0.16)",
         choices=SAMPLERS,
     )
+    disable_hybrid_kv_cache_manager: bool = declared(
+        False,
+        "--disable-hybrid-kv-cache-manager",
+        "one KV-cache group for a model that mixes sliding-window and full layers: every layer "
+        "keeps every token",
+        kind="switch",
+    )
     disable_custom_all_reduce: bool = declared(
         False,
         "--disable-custom-all-reduce",
