@@ -286,3 +286,19 @@ def test_sort_peak_and_release_defaults() -> None:
     assert plain.kv_tokens > ar.kv_tokens
     one = vllm_budget(Serve(LLAMA, gpu="A100-80GB"), Vllm(disable_custom_all_reduce=True))
     assert one.non_torch_key == "non_torch"  # one GPU has no all-reduce
+
+
+def test_vllm_flag_names_and_values(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's own names for the tensor-parallel degree and the cache dtype, with its values
+    (``fp8`` is ``fp8_e4m3``), give the answer vrammath's names give; an unknown one is refused."""
+    argv = _h100_argv("llama-3.1-8b")
+    assert main([*argv, "--json", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"]) == 0
+    theirs = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--json", "--tp", "2", "--kv-dtype", "fp8-e4m3"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert theirs == ours
+    assert ours["vllm"]["kv_tokens"] > 0
+    assert main([*argv, "--kv-cache-dtype", "fp8_e5m2"]) == 0
+    assert "KV cache fp8-e5m2" in capsys.readouterr().out
+    assert main([*argv, "--kv-cache-dtype", "auto"]) == 2
+    assert "kv-dtype: must be one of" in capsys.readouterr().err

@@ -21,14 +21,18 @@ import argparse
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from vrammath.compose.table import TERMS
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import Option, options
+from vrammath.notation.vocab import KV_DTYPE_ALIASES
 from vrammath.terms.lora.targets import lora_targets
 from vrammath.terms.parallel import zero_stage
+
+#: other spellings a field's value is accepted in (an engine's own), by field
+VALUE_ALIASES: dict[str, Mapping[str, str]] = {"kv_dtype": KV_DTYPE_ALIASES}
 
 
 def printable(text: str) -> str:
@@ -77,8 +81,11 @@ def integer(opt: Option) -> Callable[[str], int]:
     return parse
 
 
-def choice(field: str, allowed: Sequence[str]) -> Callable[[str], str]:
+def choice(
+    field: str, allowed: Sequence[str], aliases: Mapping[str, str] | None = None
+) -> Callable[[str], str]:
     def parse(text: str) -> str:
+        text = (aliases or {}).get(text, text)
         if text not in allowed:
             raise argparse.ArgumentTypeError(
                 f"{field}: must be one of {', '.join(allowed)} (got {_shown(text)})"
@@ -163,7 +170,7 @@ def add_options(cmd: argparse.ArgumentParser, cls: Any) -> None:
         elif opt.kind == "fraction":
             kw["type"] = number(_label(opt), 0, 1, open_low=True, open_high=False)
         elif opt.choices:
-            kw["type"] = choice(_label(opt), opt.choices)
+            kw["type"] = choice(_label(opt), opt.choices, VALUE_ALIASES.get(opt.name))
         elif opt.low is not None:
             kw["type"] = integer(opt)
         cmd.add_argument(*names, **kw)

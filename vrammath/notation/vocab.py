@@ -90,6 +90,17 @@ QUANTS: tuple[Quant, ...] = get_args(Quant)
 LORA_TARGETS: tuple[LoraTarget, ...] = get_args(LoraTarget)
 SERVE_WEIGHTS: tuple[ServeWeights, ...] = get_args(ServeWeights)
 KV_DTYPES: tuple[KvDtype, ...] = get_args(KvDtype)
+#: the spellings serving engines' flags use for a KV-cache dtype (vLLM's ``--kv-cache-dtype``:
+#: ``fp8`` is ``fp8_e4m3`` on CUDA), by the name vrammath gives it
+KV_DTYPE_ALIASES: dict[str, KvDtype] = {
+    "fp8": "fp8-e4m3",
+    "fp8_e4m3": "fp8-e4m3",
+    "fp8_e5m2": "fp8-e5m2",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+}
 ACTIVATION_POLICY_NAMES: tuple[ActivationPolicyName, ...] = get_args(ActivationPolicyName)
 GELU_VARIANTS: tuple[GeluVariant, ...] = get_args(GeluVariant)
 
@@ -130,6 +141,7 @@ __all__ = [
     "IMPLEMENTATIONS",
     "ITERATIONS",
     "KV_DTYPES",
+    "KV_DTYPE_ALIASES",
     "LORA_TARGETS",
     "OPTIMIZERS",
     "PARALLELS",

@@ -60,13 +60,22 @@ class Serve:
         1, "--batch", f"sequences (1..{MAX_TOKENS})", low=1, high=MAX_TOKENS, short="-b"
     )
     weights: ServeWeights = declared("bf16", "--weights", "weight format", choices=SERVE_WEIGHTS)
-    kv_dtype: KvDtype = declared("bf16", "--kv-dtype", "KV-cache dtype", choices=KV_DTYPES)
+    kv_dtype: KvDtype = declared(
+        "bf16",
+        "--kv-dtype",
+        "KV-cache dtype (--kv-cache-dtype, vLLM's name, also takes fp8, fp8_e4m3, fp8_e5m2, "
+        "bfloat16, float16)",
+        choices=KV_DTYPES,
+        short="--kv-cache-dtype",
+    )
     tp: int = declared(
         1,
         "--tp",
-        "tensor-parallel GPUs (divides the heads; KV heads replicated past their count)",
+        "tensor-parallel GPUs (divides the heads; KV heads replicated past their count; "
+        "--tensor-parallel-size, vLLM's name, is the same)",
         low=1,
         high=MAX_COUNT,
+        short="--tensor-parallel-size",
     )
     block: int | None = declared(
         16, "--block", f"paged KV block size in tokens (1..{MAX_COUNT})", low=1, high=MAX_COUNT
