@@ -165,9 +165,10 @@ def test_ddp_buckets_are_resident_gradients() -> None:
     assert {k: v - plain.phases[k] for k, v in ddp.phases.items()} == dict.fromkeys(
         plain.phases, grads
     )
-    # as bucket views the gradients are the buckets: no gradients row, the same step
+    # as bucket views the gradients are the buckets: no gradients row; in the step the fp32
+    # master gradients stand beside the buckets, where the plain loop frees its bf16 ones
     assert "gradients" not in {c.key for c in view.components}
-    assert view.phases["step_peak"] == plain.phases["step_peak"]
+    assert view.phases["step_peak"] - plain.phases["step_peak"] == grads
     assert view.phases["forward_peak"] == ddp.phases["forward_peak"]
 
 
@@ -210,7 +211,8 @@ def test_megatron_grad_buffer_is_resident() -> None:
     bf16 = vm.estimate(vm.Setup(spec, recipe="bf16-mixed", engine="megatron", seq_len=1024))
     mixed = vm.estimate(vm.Setup(spec, recipe="bf16-mixed", seq_len=1024))
     assert bf16.component("main_grads").bytes == 2 * p
-    assert bf16.phases["step_peak"] - mixed.phases["step_peak"] == 4 * p
+    # both copy to fp32 in the step; the plain loop frees its 2 bytes, the buffer stays
+    assert bf16.phases["step_peak"] - mixed.phases["step_peak"] == 2 * p
     assert bf16.phases["forward_peak"] - mixed.phases["forward_peak"] == 2 * p
 
 

@@ -71,10 +71,10 @@ def test_one_gpu_peaks_at_the_step_and_forward_grows_with_sequence() -> None:
     short = estimate(Setup(spec, recompute="full", seq_len=512))
     long_ = estimate(Setup(spec, recompute="full", seq_len=4096))
     assert long_.phases["forward_peak"] > short.phases["forward_peak"]
-    # one GPU: the optimizer step peaks, at 2 + 2 + 4 + 8 bytes of states per parameter and
-    # foreach AdamW's fp32 temporary of 4
+    # one GPU: the optimizer step peaks, at 2 + 2 + 4 + 8 bytes of states per parameter,
+    # foreach AdamW's fp32 temporary of 4 and the masters' fp32 gradients, 4 for the 2 freed
     assert long_.peak_phase == "step_peak"
-    assert long_.gpu_bytes == 20 * param_count(spec)
+    assert long_.gpu_bytes == 22 * param_count(spec)
 
 
 def test_korthikanti_backward_is_the_larger_of_activations_and_gradients() -> None:

@@ -189,6 +189,32 @@ def main_grad_copies(ctx: Context) -> sympy.Expr | None:
     return 4 * P
 
 
+def master_grad_copies(ctx: Context) -> sympy.Expr | None:
+    """The step's fp32 gradients on the masters where the loop keeps 16-bit gradients in
+    ``.grad`` (no gradient buffer): the optimizer sets each master's ``.grad`` to
+    ``model_param.grad.float()`` and drops the 16-bit one, so through the step the gradients
+    take 4 bytes/param instead of the recipe's 2. The row is the difference, ``(4 - g) P``,
+    every rank's whole (ZeroRedundancyOptimizer partitions the states, not these); under DDP
+    with ``gradient_as_bucket_view`` the 16-bit gradients are views of the buckets, which stay,
+    so the row is the whole ``4 P``.
+
+    Source: ``megatron/core/optimizer/optimizer.py``,
+    ``Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads``
+    (``main_param.grad = model_param.grad.float()``; ``model_param.grad = None``), the master
+    copy vrammath's 16-bit recipes follow on the plain loop. Measured:
+    ``validation/engines.json``, rows ``megatron-copy``, ``zero1-zro-master``, ``ddp-master``
+    and ``ddp-view-master``.
+    """
+    s = ctx.setup
+    if ctx.recipe.master == 0 or ctx.recipe.gradients == 4 or ctx.lora or s.offload_optimizer:
+        return None  # no 16-bit gradients to copy (LoRA's adapters are fp32), or a host step
+    if s.engine == "ddp" and s.bucket_view:
+        return 4 * P  # the 16-bit gradients are views of DDP's buckets: nothing is freed
+    if not (s.engine in ("zero1-torch", "ddp") or (s.engine == "hf" and s.zero == 0)):
+        return None  # Megatron's own buffer, or a partition that steps its own way
+    return (4 - ctx.recipe.gradients) * P
+
+
 def reduce_bucket(ctx: Context) -> sympy.Expr | None:
     """DeepSpeed ZeRO-1/2's reduce bucket: ``reduce_bucket_size`` elements in the gradients'
     dtype, whatever the model's size, allocated at the backward's first gradient hook and
@@ -403,6 +429,7 @@ __all__ = [
     "deepspeed_step",
     "main_grad_buffer",
     "main_grad_copies",
+    "master_grad_copies",
     "own_share",
     "reduce_bucket",
     "sharded_stage",

@@ -102,6 +102,7 @@ from vrammath.compose.engines import (
     deepspeed_step,
     main_grad_buffer,
     main_grad_copies,
+    master_grad_copies,
     reduce_bucket,
 )
 from vrammath.compose.fsdp2 import (
@@ -436,6 +437,15 @@ TERMS: tuple[Term, ...] = (
         group="temporaries",
         live="step",
         note="the step's master gradients, main_grad.float()",
+    ),
+    Term(
+        key="master_grad_copies",
+        label="fp32 gradients on the masters, less the 16-bit ones",
+        device="gpu",
+        builder=master_grad_copies,
+        group="temporaries",
+        live="step",
+        note="the step's main_param.grad = grad.float(), which frees the 16-bit gradient",
     ),
     *STAGE3_PHASE_TERMS,
     Term(

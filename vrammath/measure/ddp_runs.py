@@ -16,7 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from vrammath.measure.build import build_model, real_training_masks
-from vrammath.measure.engine_runs import _optimizer_state_tensors, _storage_bytes
+from vrammath.measure.engine_runs import (
+    Float16MasterOptimizer,
+    _adamw,
+    _optimizer_state_tensors,
+    _storage_bytes,
+)
 from vrammath.measure.step import (
     _DevicePhases,
     _fake_process_group,
@@ -24,11 +29,14 @@ from vrammath.measure.step import (
     _mem_tracker,
 )
 
-#: The DDP rows: engine name -> the model's dtype and ``gradient_as_bucket_view``.
+#: The DDP rows: engine name -> the model's dtype, ``gradient_as_bucket_view`` and whether the
+#: optimizer keeps fp32 masters (Megatron's copy, :class:`Float16MasterOptimizer`) or is AdamW.
 DDP_RUNS: dict[str, dict[str, Any]] = {
-    "ddp": {"dtype": "bf16", "bucket_view": False},
-    "ddp-view": {"dtype": "bf16", "bucket_view": True},
-    "ddp-fp32": {"dtype": "fp32", "bucket_view": False},
+    "ddp": {"dtype": "bf16", "bucket_view": False, "master": False},
+    "ddp-view": {"dtype": "bf16", "bucket_view": True, "master": False},
+    "ddp-fp32": {"dtype": "fp32", "bucket_view": False, "master": False},
+    "ddp-master": {"dtype": "bf16", "bucket_view": False, "master": True},
+    "ddp-view-master": {"dtype": "bf16", "bucket_view": True, "master": True},
 }
 
 
@@ -56,15 +64,22 @@ def measure_ddp(
         with tracker:
             ddp = DistributedDataParallel(net, gradient_as_bucket_view=run["bucket_view"])
             ddp.register_comm_hook(None, noop_hook)
-            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-            tracker.track_external(opt)
+            opt: Any
+            masters: list[Any] = []
+            if run["master"]:
+                opt = Float16MasterOptimizer(params, _adamw)
+                masters = opt.masters
+                tracker.track_external(opt.inner, *masters)
+            else:
+                opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+                tracker.track_external(opt)
             passes = _forward_backward(
                 tracker, phases, steps, lambda: ddp(input_ids=ids, labels=ids).loss, _backward
             )
             for record in passes:
-                opt_t = _optimizer_state_tensors(opt)
+                opt_t = _optimizer_state_tensors(opt.inner if masters else opt)
                 states = {
-                    "parameters": _storage_bytes(params),
+                    "parameters": _storage_bytes(params + masters),
                     "optimizer": _storage_bytes(t for t in opt_t if t.dim() > 0),
                     "step_counters": _storage_bytes(t for t in opt_t if t.dim() == 0),
                     # the .grad tensors; as bucket views they share the buckets' storage

@@ -126,6 +126,8 @@ ENGINES: dict[str, dict[str, Any]] = {
     "ddp": _engine("bf16-pure", 0, "bf16", profile="ddp"),
     "ddp-view": _engine("bf16-pure", 0, "bf16", profile="ddp", bucket_view=True),
     "ddp-fp32": _engine("fp32", 0, "fp32", profile="ddp"),
+    "ddp-master": _engine("bf16-mixed", 0, "bf16", profile="ddp"),
+    "ddp-view-master": _engine("bf16-mixed", 0, "bf16", profile="ddp", bucket_view=True),
     "deepspeed-zero1": _engine("bf16-mixed", 1, "bf16", profile="deepspeed"),
     "deepspeed-zero2": _engine("bf16-mixed", 2, "bf16", profile="deepspeed"),
     # a bucket smaller than the model: ZeRO-2 flushes it mid-backward, ZeRO-1 at the epilogue

@@ -13,6 +13,7 @@ with its explanation, term by term, in the data.
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -139,26 +140,12 @@ EXACT = ("parameters", "gradients", "optimizer", "states", "host")
 TOLERANCE = 0.01
 
 EXPLAIN: dict[tuple[str, str], str] = {
-    ("megatron-copy", "step_peak"): (
-        "+2 bytes/param: the step replaces each bf16 gradient by an fp32 copy on the master "
-        "(main_param.grad = grad.float(); grad = None), so gradients are 4 bytes/param during "
-        "the step; vrammath's bf16-mixed keeps them at 2. This is Megatron's optimizer over a "
-        "model not wrapped in Megatron's DistributedDataParallel (the gradients in .grad); "
-        "--engine megatron models the wrapped model's main_grad buffer (rows megatron-main-grad, "
-        "megatron-bf16-grad), not this path"
-    ),
     ("accel-fsdp", "backward_peak"): (
         "-1.3 %: the backward's peak falls at the bottom layers, where a layer's unsharded "
         "parameters, the next one's prefetched all-gather, its bf16 gradients and their "
         "reduce-scatter input are alive beside most gradient shards and little activation; "
         "vrammath's candidates are the backward's start and its end (the root's reduce-scatter), "
         "0.19 GB under that moment at 7B"
-    ),
-    ("zero1-zro-master", "step_peak"): (
-        "+2 bytes/param: the master wrapper is Megatron's copy (megatron-copy): its step "
-        "replaces each bf16 gradient by an fp32 copy on the master, which no vrammath engine "
-        "profile models yet; ZeroRedundancyOptimizer's own rule (states of whole tensors, "
-        "masters whole) holds in every other component"
     ),
 }
 
@@ -232,6 +219,7 @@ ROWS: list[dict[str, Any]] = [
     # DistributedDataParallel on the other two shapes (every rank holds the same bytes)
     _row("ddp", "tiny-qwen-tied", 1, 256, quick=True),
     _row("ddp-view", "tiny-odd-head", 1, 256, quick=True),
+    _row("ddp-view-master", "tiny-qwen-tied", 1, 256, quick=True),
     # Megatron-Core's grad buffer on the other two shapes, one per buffer dtype
     _row("megatron-main-grad", "tiny-qwen-tied", 1, 256, quick=True),
     _row("megatron-bf16-grad", "tiny-odd-head", 1, 256, quick=True),
@@ -410,6 +398,35 @@ def diff(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
+    """The committed engine table compared again with the current estimates: the measured
+    numbers kept, every row's estimated side, errors, explanations and verdicts recomputed
+    (what a change to the formulas, not to the measurement, needs)."""
+    rows = []
+    for row in committed["rows"]:
+        if "components" not in row:  # a row that could not run stays as it is
+            rows.append(row)
+            continue
+        shape = {"batch": row["batch"], "seq": row["seq"], "attention": row["attention"]}
+        est = estimate_engine(
+            row["engine"], _model_arg(row["model"]), ranks=row["ranks"], rank=row["rank"], **shape
+        )
+        measured = {name: c["measured"] for name, c in row["components"].items()}
+        rows.append(documents.scored(row, compare(row["engine"], est, measured)))
+    return {**committed, "rescored": command, **documents.verdicts(rows)}
+
+
+def update(committed: dict[str, Any], fresh: dict[str, Any], command: str) -> dict[str, Any]:
+    """``committed`` with the rows of ``fresh`` put in (replacing rows of the same id, new rows
+    in :data:`ROWS`' order), its other rows untouched; the totals and the command recomputed."""
+    new = {r["id"]: r for r in fresh["rows"]}
+    rows = [new.pop(r["id"], r) for r in committed["rows"]]
+    rows += list(new.values())
+    order = {r["id"]: i for i, r in enumerate(ROWS)}
+    rows.sort(key=lambda r: order.get(r["id"], len(order)))
+    return {**committed, "configs": CONFIGS, "updated": command, **documents.verdicts(rows)}
+
+
 def default_path() -> Path:
     """``validation/engines.json`` of the source checkout."""
     return documents.validation_file("engines.json")
@@ -419,7 +436,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = documents.document_parser("vrammath.measure.engines", __doc__)
     parser.add_argument("--quick", action="store_true", help="small-model rows only")
     parser.add_argument("--rows", default=None, help="only rows whose id contains this")
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        default=None,
+        help="compare this table's measured numbers with the current estimates (no measuring)",
+    )
+    parser.add_argument(
+        "--update",
+        type=Path,
+        default=None,
+        help="measure the selected rows and put them into this table (others unchanged)",
+    )
     args = parser.parse_args(argv)
+    if args.rescore:
+        committed = json.loads(args.rescore.read_text(encoding="utf-8"))
+        doc = rescore(committed, documents.command_line("vrammath.measure.engines", argv))
+        documents.write_doc(args.out or args.rescore, doc)
+        print(documents.pass_line(doc))
+        return 0
 
     def keep(r: dict[str, Any]) -> bool:
         return (r["quick"] or not args.quick) and (args.rows is None or args.rows in r["id"])
@@ -430,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         documents.command_line("vrammath.measure.engines", argv),
         log=lambda m: print(m, flush=True),
     )
+    if args.update:
+        committed = json.loads(args.update.read_text(encoding="utf-8"))
+        doc = update(committed, doc, doc["command"])
+        documents.write_doc(args.out or args.update, doc)
+        print(documents.pass_line(doc))
+        return 0
     documents.write_doc(args.out, doc)
     status = documents.diff_status(args.diff, doc, diff)
     print(documents.pass_line(doc))
@@ -450,8 +491,10 @@ __all__ = [
     "explain",
     "measure_engine",
     "measured_engine",
+    "rescore",
     "run_loop_row",
     "run_row",
+    "update",
 ]
 
 

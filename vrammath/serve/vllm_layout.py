@@ -138,9 +138,7 @@ class KvLayout:
         return out
 
 
-def kv_layout(
-    spec: ModelSpec, kv_dtype: str, *, tp: int, block: int, windowed: bool
-) -> KvLayout:
+def kv_layout(spec: ModelSpec, kv_dtype: str, *, tp: int, block: int, windowed: bool) -> KvLayout:
     """``spec``'s KV-cache layout in vLLM (``windowed``: its sliding layers keep only their
     window, V1's rule; without it every layer counts as full, as in V0 and, for a model that
     mixes kinds, under ``--disable-hybrid-kv-cache-manager``)."""
