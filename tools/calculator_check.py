@@ -191,6 +191,12 @@ def random_vllm(rng: random.Random) -> dict[str, Any]:
         out["gpu_memory_utilization"] = rng.choice((0.5, 0.95, round(rng.uniform(0.05, 1), 3)))
     if rng.random() < 0.3:
         out["max_num_seqs"] = rng.choice((64, 256, rng.randint(1, 4096)))
+    if rng.random() < 0.3:
+        out["sampler"] = rng.choice(("pytorch", "flashinfer", "triton"))
+    if rng.random() < 0.2:
+        out["disable_custom_all_reduce"] = True
+    if rng.random() < 0.2:
+        out["disable_hybrid_kv_cache_manager"] = True
     return out
 
 
@@ -214,6 +220,8 @@ def random_sglang(rng: random.Random) -> dict[str, Any]:
     del out["version"], out["max_model_len"]
     out.pop("gpu_memory_utilization", None)
     out.pop("max_num_seqs", None)
+    for key in ("sampler", "disable_custom_all_reduce", "disable_hybrid_kv_cache_manager"):
+        out.pop(key, None)
     out["sglang_version"] = rng.choice(("0.4.6", "0.4.6", "0.5.2", "0.3.0"))
     if rng.random() < 0.6:
         out["mem_fraction_static"] = rng.choice((0.8, 0.88, round(rng.uniform(0.05, 1), 3)))
@@ -457,6 +465,10 @@ ENGINE_CASES = (
     ("vllm", "vm-vl-", {"model": "llama-3.1-8b", "gpu": "H100-80GB", "max_model_len": 32768,
                         "gpu_memory_utilization": 0.8}),
     ("vllm", "vm-vl-", {"model": "qwen2.5-7b", "gpu": "A100-80GB", "version": "0.6.5"}),
+    ("vllm", "vm-vl-", {"model": "gemma-3-27b-text", "gpu": "H100-80GB", "max_model_len": 32768,
+                        "sampler": "flashinfer"}),
+    ("vllm", "vm-vl-", {"model": "qwen2-7b", "gpu": "A100-80GB", "tp": 2, "version": "0.10.1",
+                        "disable_custom_all_reduce": True}),
     ("sglang", "vm-sg-", {"model": "qwen3-8b", "gpu": "A100-80GB", "mem_fraction_static": 0.85}),
     ("hf", "vm-hf-", {"model": "qwen2.5-7b", "gpu": "A100-40GB", "context": 8192,
                       "new_tokens": 256}),
