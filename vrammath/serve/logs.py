@@ -28,7 +28,7 @@ from vrammath.notation.errors import InputError
 from vrammath.serve.estimate import Serve
 from vrammath.serve.kv_cache import kv_bytes_per_token
 from vrammath.serve.sglang import Sglang, SglangBudget, sglang_budget
-from vrammath.serve.vllm import GiB, Vllm, VllmBudget, vllm_budget
+from vrammath.serve.vllm import GiB, Vllm, VllmBudget, keeps_windows, vllm_budget
 from vrammath.serve.vllm_layout import kv_layout
 
 #: config fields a row may set where the published config differs from the preset's
@@ -155,7 +155,7 @@ def layout_check(row: dict[str, Any]) -> LayoutCheck | None:
     tp = int(row.get("tp", 1))
     max_len = vflags.max_model_len or spec.max_positions
     step = vflags.max_num_batched_tokens or int(row.get("step_tokens", 2048))
-    windowed = not (vflags.disable_hybrid_kv_cache_manager and spec.sliding_window is not None)
+    windowed = keeps_windows(spec, vflags)
     lay = kv_layout(spec, row.get("kv_dtype", "bf16"), tp=tp, block=16, windowed=windowed)
     gib = float(printed["available_kv_gib"])
     ends = [int((gib + d) * GiB) for d in (-0.005, 0.005)]

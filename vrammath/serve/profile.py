@@ -14,6 +14,7 @@ the model, op by op as vLLM's code allocates (each function names the file).
 from __future__ import annotations
 
 from vrammath.model.spec import ModelSpec
+from vrammath.notation.errors import one_of
 from vrammath.serve.weights import serving_weight_bytes
 
 #: The top-k/top-p implementations of vLLM's V1 sampler whose profile-run peak is modelled
@@ -88,8 +89,10 @@ def sampler_peak_bytes(
     ``flashinfer`` :data:`V1_SAMPLER_BYTES`, ``triton`` :data:`V1_TRITON_BYTES`; ``pytorch``
     peaks inside ``logits.sort`` (``apply_top_k_top_p``: the profile asks for top-k and top-p),
     where the float32 logits (4) and :func:`sort_bytes` are alive. The scatter that follows
-    holds less (4 + 4 + 8 + two masks + 4). Both sorts agree with the memory vLLM's own PRs
-    measured for the PyTorch path (#32558, #33538).
+    holds less (4 + 4 + 8 + two masks + 4). These sizes are consistent with the memory the vLLM
+    PRs that replaced the PyTorch path report for it (vllm-project/vllm #32558 and #33538, whose
+    benchmarks count their inputs in their own ways); the published startup logs that print
+    "FlashInfer is not available" check them in the budget.
 
     >>> from vrammath.model.presets import load_model
     >>> spec = load_model("llama-3.1-8b")
@@ -98,7 +101,7 @@ def sampler_peak_bytes(
     [38, 10, 14]
     """
     if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {SAMPLERS}, not {sampler!r}")
+        raise one_of("sampler", sampler, SAMPLERS)
     in_sort = 4 + sort_bytes(seqs)
     if v0:
         per = max(V0_SAMPLER_BYTES, in_sort)

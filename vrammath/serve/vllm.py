@@ -311,6 +311,12 @@ def _refuse_unmodelled(spec: ModelSpec, flags: Vllm) -> None:
         )
 
 
+def keeps_windows(spec: ModelSpec, flags: Vllm) -> bool:
+    """Whether vLLM keeps only the window of ``spec``'s sliding layers: V1 does (V0 holds every
+    token), except for a model that mixes kinds under ``--disable-hybrid-kv-cache-manager``."""
+    return not flags.engine_v0 and not (_mixed(spec) and flags.disable_hybrid_kv_cache_manager)
+
+
 def _mixed(spec: ModelSpec) -> bool:
     """Whether ``spec`` mixes sliding-window and full layers."""
     return spec.sliding_window is not None and spec.attention.window_layers != spec.layers
@@ -377,10 +383,9 @@ def vllm_budget(
     graphs = 0
     if not flags.engine_v0 and flags.release >= (0, 20, 0) and not flags.enforce_eager:
         graphs = round(const["cuda_graphs"] * GiB)
-    # V1 keeps a sliding layer's window only (V0 holds every token); a model that mixes kinds
-    # counts its sliding layers as full under --disable-hybrid-kv-cache-manager
-    windowed = not flags.engine_v0 and not (_mixed(spec) and flags.disable_hybrid_kv_cache_manager)
-    layout = kv_layout(spec, setup.kv_dtype, tp=setup.tp, block=setup.block, windowed=windowed)
+    layout = kv_layout(
+        spec, setup.kv_dtype, tp=setup.tp, block=setup.block, windowed=keeps_windows(spec, flags)
+    )
     return VllmBudget(
         version=flags.version,
         engine_v0=flags.engine_v0,
@@ -411,6 +416,7 @@ __all__ = [
     "Vllm",
     "VllmBudget",
     "big_card",
+    "keeps_windows",
     "runtime_constants",
     "vllm_budget",
 ]
