@@ -93,6 +93,7 @@ PHASE_ROWS = {
     "layer_unshard": "unshard",
     "stage3_held": "held",
     "stage3_held_backward": "held_backward",
+    "fsdp2_bottom": "bottom",
 }
 
 #: The engines whose ranks hold different shares (``P_r``): of whole tensors, or of rows.

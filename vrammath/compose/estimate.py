@@ -271,7 +271,16 @@ def _groups(built: list[tuple[Term, sympy.Expr]]) -> Groups:
         outputs,
         *(
             phase_rows(f)
-            for f in ("bucket", "flush", "epilogue", "forward", "unshard", "held", "held_backward")
+            for f in (
+                "bucket",
+                "flush",
+                "epilogue",
+                "forward",
+                "unshard",
+                "held",
+                "held_backward",
+                "bottom",
+            )
         ),
     )
 

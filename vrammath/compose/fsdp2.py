@@ -17,6 +17,7 @@ import sympy
 
 from vrammath.compose.rows import Context
 from vrammath.compose.setup import Setup
+from vrammath.notation.symbols import N_d
 from vrammath.terms.parallel import FSDP2_ENGINES, FsdpUnit, dim0_unit_params
 
 
@@ -134,9 +135,31 @@ def fsdp2_reduce(ctx: Context) -> sympy.Expr | None:
     return (_gathered_bytes(ctx) + reduce) * unit
 
 
+def fsdp2_bottom_layers(ctx: Context) -> sympy.Expr | None:
+    """accelerate's FSDP2 wrap at the backward of the second-lowest decoder layer, as a change
+    to the end of the backward: that layer's unsharded parameters, the lowest layer's prefetched
+    all-gather output, the layer's unsharded gradients and their reduce-scatter input (four
+    layers' ``param_dtype`` bytes, accelerate reducing in ``param_dtype``) are alive where the
+    gradient shards of the input embedding (its own unit, reduced last) and of the two lowest
+    layers are not yet. The phase model adds the lowest layer's activations; the moment outweighs
+    the backward's end where a layer is large against the head (0.19 GB at 7B).
+
+    Source: ``FSDPParamGroup.pre_backward`` (the backward prefetch), ``post_backward``
+    (``foreach_reduce``), accelerate 1.15's ``fsdp2_prepare_model`` (the embedding's own
+    ``fully_shard``). Measured: ``validation/engines.json``, row ``accel-fsdp/llama-7b``.
+    """
+    s = ctx.setup
+    if s.engine != "accelerate-fsdp2" or s.no_reshard:
+        return None
+    layer = dim0_unit_params(s.model, "layer")
+    pending = s.model.vocab * s.model.hidden + 2 * layer  # their gradient shards, not yet made
+    return 4 * _gathered_bytes(ctx) * layer - ctx.recipe.gradients * pending / N_d
+
+
 __all__ = [
     "fsdp2_all_gather_kept",
     "fsdp2_all_gather_resharded",
+    "fsdp2_bottom_layers",
     "fsdp2_layer_unshard",
     "fsdp2_reduce",
     "fsdp2_unsharded",

@@ -88,7 +88,9 @@ class Groups:
     activations exist (:func:`vrammath.compose.fsdp2.fsdp2_layer_unshard`); ``held`` what is
     gathered at the forward's end (:func:`vrammath.compose.deepspeed3.stage3_held`) and
     ``held_backward`` at the backward's start and in its top layer
-    (:func:`vrammath.compose.deepspeed3.stage3_held_backward`), released before its end.
+    (:func:`vrammath.compose.deepspeed3.stage3_held_backward`), released before its end;
+    ``bottom`` what accelerate's FSDP2 holds at the backward of its second-lowest layer beyond
+    the backward's end (:func:`vrammath.compose.fsdp2.fsdp2_bottom_layers`).
     """
 
     weights: sympy.Expr
@@ -106,6 +108,7 @@ class Groups:
     unshard: sympy.Expr = sympy.S.Zero
     held: sympy.Expr = sympy.S.Zero
     held_backward: sympy.Expr = sympy.S.Zero
+    bottom: sympy.Expr = sympy.S.Zero
 
 
 def _check_iteration(iteration: str) -> None:
@@ -398,6 +401,13 @@ def hf_phase_peaks(
             *(x + gathered + held_bwd + bucket + flush for x in in_backward),
             W + O_before + end_grads + gathered + reduce_buffer + bucket,
             *([fwd_end + gathered + bucket + flush] if bucket != 0 else []),
+            # accelerate's FSDP2 at the second-lowest layer: the tail resharded, the lowest
+            # layer's activations left
+            *(
+                [W + O_before + end_grads + groups.bottom + layer_total]
+                if groups.bottom != 0
+                else []
+            ),
         ),
         "step_peak": W + O_ + G + T_opt,
     }

@@ -108,6 +108,7 @@ from vrammath.compose.engines import (
 from vrammath.compose.fsdp2 import (
     fsdp2_all_gather_kept,
     fsdp2_all_gather_resharded,
+    fsdp2_bottom_layers,
     fsdp2_layer_unshard,
     fsdp2_reduce,
     fsdp2_unsharded,
@@ -363,6 +364,16 @@ TERMS: tuple[Term, ...] = (
         group="in-flight",
         live="forward",
         note="its all-gather output and unsharded parameters, before its activations",
+        listed=False,
+    ),
+    Term(
+        key="fsdp2_bottom",
+        label="accelerate's FSDP2 at the lowest layers' backward",
+        device="gpu",
+        builder=fsdp2_bottom_layers,
+        group="in-flight",
+        live="backward",
+        note="four layers' gathered bytes, less the gradient shards not yet made",
         listed=False,
     ),
     Term(
