@@ -274,6 +274,8 @@ def test_sort_peak_and_release_defaults() -> None:
     assert Vllm(version="0.15.1").warnings() == []
     assert Vllm(version="0.17.1", sampler="triton").warnings() == []
     assert "pass --sampler" in Vllm(version="0.17.1").warnings()[0]
+    assert len(Vllm(version="0.21.0", sampler="pytorch").warnings()) == 0
+    assert "V2 model runner" in Vllm(version="0.22.0", sampler="pytorch").warnings()[0]
     few = sampler_peak_bytes(LLAMA, 64, v0=False)
     assert few == 64 * LLAMA.vocab * (2 + 4 + 44)
     assert sampler_peak_bytes(LLAMA, 64, v0=True) == few  # V0's sort outweighs its gather

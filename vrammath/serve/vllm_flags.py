@@ -32,6 +32,10 @@ VLLM_DEFAULT = "0.11.0"
 #: The first release whose default sampler is not known here (the Triton top-k/top-p kernels
 #: were merged in February 2026, vllm-project/vllm PR #33538, after 0.15).
 SAMPLER_KNOWN_UNTIL = (0, 16, 0)
+#: The first release a published log shows running the V2 model runner (vLLM 0.22.0 on two
+#: T4s, validation/serving-logs.json row qwen3-8b-2xt4-eager); since when it is the default is
+#: not known here.
+MODEL_RUNNER_V2_SEEN = (0, 22, 0)
 
 
 def version_tuple(text: str) -> tuple[int, int, int]:
@@ -182,17 +186,27 @@ class Vllm:
         return self.sampler or "pytorch"
 
     def warnings(self) -> list[str]:
-        """One line for each flag this release's default is not known for."""
-        if self.engine_v0 or self.sampler is not None or self.release < SAMPLER_KNOWN_UNTIL:
-            return []
-        return [
-            f"sampler: vLLM {self.version} may sample with a Triton kernel or FlashInfer "
-            "(vllm-project/vllm PRs #33538, #40376); the PyTorch sort is assumed, the largest "
-            "of the three: pass --sampler"
-        ]
+        """One line for each default of this release that is not known here."""
+        out: list[str] = []
+        if self.engine_v0:
+            return out
+        if self.sampler is None and self.release >= SAMPLER_KNOWN_UNTIL:
+            out.append(
+                f"sampler: vLLM {self.version} may sample with a Triton kernel or FlashInfer "
+                "(vllm-project/vllm PRs #33538, #40376); the PyTorch sort is assumed, the largest "
+                "of the three: pass --sampler"
+            )
+        if self.release >= MODEL_RUNNER_V2_SEEN:
+            out.append(
+                f"vllm_version: {self.version} may run vLLM's V2 model runner (a published 0.22 "
+                "log prints 'Using V2 Model Runner'), whose profile run is not modelled; the "
+                "budget here follows V1's model runner"
+            )
+        return out
 
 
 __all__ = [
+    "MODEL_RUNNER_V2_SEEN",
     "SAMPLER_KNOWN_UNTIL",
     "V1_FROM",
     "VLLM_DEFAULT",
