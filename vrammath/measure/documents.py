@@ -53,6 +53,23 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def updated(
+    committed: dict[str, Any],
+    fresh: dict[str, Any],
+    order: list[dict[str, Any]],
+    configs: dict[str, Any],
+    command: str,
+) -> dict[str, Any]:
+    """``committed`` with the rows of ``fresh`` put in (replacing rows of the same id, new rows
+    in ``order``'s order), its other rows untouched; the configs, totals and the command of the
+    update recomputed."""
+    new = {r["id"]: r for r in fresh["rows"]}
+    rows = [new.pop(r["id"], r) for r in committed["rows"]] + list(new.values())
+    rank = {r["id"]: i for i, r in enumerate(order)}
+    rows.sort(key=lambda r: rank.get(r["id"], len(rank)))
+    return {**committed, "configs": configs, "updated": command, **verdicts(rows)}
+
+
 def versions() -> dict[str, str]:
     """The torch, transformers and Python versions a validation document was measured with."""
     import torch
@@ -147,6 +164,7 @@ __all__ = [
     "pass_line",
     "phase_peaks",
     "scored",
+    "updated",
     "validation_file",
     "verdicts",
     "versions",

@@ -265,16 +265,9 @@ def rescore(committed: dict[str, Any], command: str) -> dict[str, Any]:
 
 
 def update(committed: dict[str, Any], fresh: dict[str, Any], command: str) -> dict[str, Any]:
-    """``committed`` with the rows of ``fresh`` put in (replacing rows of the same id, new rows
-    in :data:`ROWS`' order), its other rows untouched; the configs, totals and the command of
-    the update recomputed."""
-    new = {r["id"]: r for r in fresh["rows"]}
-    rows = [new.pop(r["id"], r) for r in committed["rows"]]
-    order = {r["id"]: i for i, r in enumerate(ROWS)}
-    for row in sorted(new.values(), key=lambda r: order.get(r["id"], len(order))):
-        rows.append(row)
-    rows.sort(key=lambda r: order.get(r["id"], len(order)))
-    return {**committed, "configs": CONFIGS, "updated": command, **documents.verdicts(rows)}
+    """``committed`` with the rows of ``fresh`` put in, in :data:`ROWS`' order
+    (:func:`vrammath.measure.documents.updated`)."""
+    return documents.updated(committed, fresh, ROWS, CONFIGS, command)
 
 
 ROW_KEYS = (

@@ -154,9 +154,12 @@ def layout_check(row: dict[str, Any]) -> LayoutCheck | None:
     spec = log_model(row)
     tp = int(row.get("tp", 1))
     max_len = vflags.max_model_len or spec.max_positions
-    step = vflags.max_num_batched_tokens or int(row.get("step_tokens", 2048))
     windowed = keeps_windows(spec, vflags)
     lay = kv_layout(spec, row.get("kv_dtype", "bf16"), tp=tp, block=16, windowed=windowed)
+    step = vflags.max_num_batched_tokens
+    if step is None and lay.window is not None:
+        return None  # a sliding group's blocks need the step's tokens, which the row must state
+    step = step or 1  # full layers only: the step does not enter
     gib = float(printed["available_kv_gib"])
     ends = [int((gib + d) * GiB) for d in (-0.005, 0.005)]
     tokens = (lay.tokens(ends[0]), lay.tokens(ends[1]))

@@ -22,6 +22,8 @@ from vrammath.serve.weights import serving_weight_bytes
 #: vocabulary (``forward_native``), ``flashinfer`` is FlashInfer's fused kernel
 #: (``forward_cuda``), ``triton`` masks the float32 logits in place (``apply_top_k_top_p_triton``).
 SAMPLERS = ("pytorch", "flashinfer", "triton")
+#: The V1 path a release samples with unless told (:attr:`vrammath.serve.vllm_flags.Vllm.sampler_path`).
+DEFAULT_SAMPLER = "pytorch"
 #: Bytes per (request, vocabulary entry) at the V1 FlashInfer sampler's peak, beyond the logits
 #: in the model dtype (``compute_logits``): their float32 copy (``Sampler.forward``:
 #: ``logits.to(torch.float32)``) and FlashInfer's float32 probabilities.
@@ -80,7 +82,7 @@ def forward_peak_bytes(spec: ModelSpec, tokens: int, tp: int, dtype_bytes: int =
 
 
 def sampler_peak_bytes(
-    spec: ModelSpec, seqs: int, *, v0: bool, sampler: str = "pytorch", dtype_bytes: int = 2
+    spec: ModelSpec, seqs: int, *, v0: bool, sampler: str = DEFAULT_SAMPLER, dtype_bytes: int = 2
 ) -> int:
     """The sampler's peak in the profile run: one row per request over the whole vocabulary
     (the logits are gathered), the model-dtype logits and the sampler's own tensors.
@@ -139,6 +141,7 @@ def loaded_weight_bytes(spec: ModelSpec, weights: str, *, tp: int, group: int) -
 
 
 __all__ = [
+    "DEFAULT_SAMPLER",
     "SAMPLERS",
     "V0_SAMPLER_BYTES",
     "V1_SAMPLER_BYTES",

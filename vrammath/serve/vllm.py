@@ -74,7 +74,12 @@ from vrammath.model.spec import ModelSpec
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import MAX_TOKENS
 from vrammath.serve.estimate import Serve
-from vrammath.serve.profile import forward_peak_bytes, loaded_weight_bytes, sampler_peak_bytes
+from vrammath.serve.profile import (
+    DEFAULT_SAMPLER,
+    forward_peak_bytes,
+    loaded_weight_bytes,
+    sampler_peak_bytes,
+)
 from vrammath.serve.vllm_flags import (
     V1_FROM,
     VLLM_DEFAULT,
@@ -395,7 +400,7 @@ def vllm_budget(
         weights_bytes=loaded_weight_bytes(spec, setup.weights, tp=setup.tp, group=setup.group),
         forward_peak_bytes=forward_peak_bytes(spec, tokens, setup.tp),
         sampler_peak_bytes=sampler_peak_bytes(
-            spec, seqs, v0=flags.engine_v0, sampler=flags.sampler or "pytorch"
+            spec, seqs, v0=flags.engine_v0, sampler=flags.sampler or DEFAULT_SAMPLER
         ),
         sampler=flags.sampler_path,
         non_torch_bytes=round(const[non_torch] * GiB),

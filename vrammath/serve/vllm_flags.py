@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from vrammath.notation.errors import InputError
 from vrammath.notation.fields import MAX_COUNT, MAX_TOKENS, check_bounds, declared
-from vrammath.serve.profile import SAMPLERS
+from vrammath.serve.profile import DEFAULT_SAMPLER, SAMPLERS
 
 #: The vLLM releases whose budget rules this module follows (first, last), inclusive.
 VLLM_RANGE = ((0, 6, 4), (0, 33, 99))
@@ -183,7 +183,7 @@ class Vllm:
         """
         if self.engine_v0:
             return "v0"
-        return self.sampler or "pytorch"
+        return self.sampler or DEFAULT_SAMPLER
 
     def warnings(self) -> list[str]:
         """One line for each default of this release that is not known here."""
